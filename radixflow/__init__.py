@@ -1,0 +1,13 @@
+"""radixflow: structured generation programs on a fast LLM runtime.
+
+    import radixflow as rf
+    engine = rf.Engine()                       # the default model (SmolLM2-135M-Instruct)
+    engine.generate("The capital of France is", {"max_new_tokens": 8})
+"""
+
+from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.engine import Engine
+from radixflow.runtime.sampling_params import SamplingParams
+
+__all__ = ["Engine", "EngineConfig", "SamplingParams"]
+__version__ = "0.1.0"

@@ -1,0 +1,146 @@
+"""Reference attention over the paged KV pool in plain torch (the CPU backend).
+
+Rows with one new token (decode, or the decode part of a mixed batch) are attended in one
+batched call over K/V gathered through req_to_token and padded to the longest sequence;
+rows with several new tokens (prefill chunks) are attended one request at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from radixflow.runtime.attention.base import AttentionBackend, AttentionLayerSpec
+from radixflow.runtime.forward_batch import ForwardBatch
+from radixflow.runtime.kv_pool import KVPool
+
+
+@dataclass
+class _DecodeRows:
+    token_index: torch.Tensor | None  # [Bd] token rows; None when every row is a decode row
+    slots: torch.Tensor  # [Bd * L] int64 gather index (padding points at slot 0)
+    valid: torch.Tensor  # [Bd, 1, 1, L] bool
+    seq_lens: torch.Tensor  # [Bd]
+    max_len: int
+
+
+@dataclass
+class _ExtendRow:
+    start: int  # first token row
+    length: int  # new tokens
+    prefix_len: int
+    slots: torch.Tensor  # [prefix_len + length] int64
+
+
+class TorchBackend(AttentionBackend):
+    def __init__(self, pool: KVPool) -> None:
+        self.pool = pool
+        self._decode: _DecodeRows | None = None
+        self._extend: list[_ExtendRow] = []
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        table = batch.req_to_token
+        rows = batch.req_pool_indices
+        decode_ids = [i for i, n in enumerate(batch.extend_lens_cpu) if n == 1]
+        self._decode = None
+        if decode_ids:
+            seq_lens_cpu = [batch.seq_lens_cpu[i] for i in decode_ids]
+            max_len = max(seq_lens_cpu)
+            all_decode = len(decode_ids) == batch.batch_size
+            idx = None if all_decode else torch.tensor(decode_ids)
+            sel_rows = rows if all_decode else rows.index_select(0, idx)
+            seq_lens = batch.seq_lens if all_decode else batch.seq_lens.index_select(0, idx)
+            valid = torch.arange(max_len)[None, :] < seq_lens[:, None]
+            slots = table.index_select(0, sel_rows)[:, :max_len].to(torch.int64)
+            slots = slots.masked_fill(~valid, 0)
+            token_index = None if all_decode else batch.extend_start.index_select(0, idx)
+            self._decode = _DecodeRows(
+                token_index, slots.reshape(-1), valid[:, None, None, :], seq_lens, max_len
+            )
+        self._extend = []
+        start = 0
+        for i, n in enumerate(batch.extend_lens_cpu):
+            if n != 1:
+                row = int(rows[i])
+                seq = batch.seq_lens_cpu[i]
+                slots = table[row, :seq].to(torch.int64)
+                self._extend.append(_ExtendRow(start, n, batch.prefix_lens_cpu[i], slots))
+            start += n
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: AttentionLayerSpec,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        h, kvh, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+        k_buf = self.pool.k_buffers[layer.layer_id]
+        v_buf = self.pool.v_buffers[layer.layer_id]
+        k_buf.index_copy_(0, batch.out_cache_loc, k.reshape(-1, kvh, d).to(k_buf.dtype))
+        v_buf.index_copy_(0, batch.out_cache_loc, v.reshape(-1, kvh, d).to(v_buf.dtype))
+        if self._decode is not None and self._decode.token_index is None:
+            return self._attend_decode(q, k_buf, v_buf, layer)
+        out = torch.empty_like(q)
+        if self._decode is not None:
+            dec = self._decode
+            out[dec.token_index] = self._attend_decode(q[dec.token_index], k_buf, v_buf, layer)
+        for row in self._extend:
+            qr = q[row.start : row.start + row.length].reshape(row.length, h, d).transpose(0, 1)
+            kr = k_buf.index_select(0, row.slots).transpose(0, 1)
+            vr = v_buf.index_select(0, row.slots).transpose(0, 1)
+            mask = _causal_mask(row.prefix_len, row.length, layer.sliding_window)
+            o = _sdpa(qr[None], kr[None].to(q.dtype), vr[None].to(q.dtype), mask, layer)
+            out[row.start : row.start + row.length] = o[0].transpose(0, 1).reshape(row.length, -1)
+        return out
+
+    def _attend_decode(
+        self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, layer: AttentionLayerSpec
+    ) -> torch.Tensor:
+        dec = self._decode
+        b, kvh, d = q.shape[0], layer.num_kv_heads, layer.head_dim
+        group = layer.num_heads // kvh
+        # Query heads of one KV head sit in the "query length" axis, so no K/V repeat is needed.
+        qd = q.reshape(b, kvh, group, d)
+        kd = k_buf.index_select(0, dec.slots).reshape(b, dec.max_len, kvh, d).transpose(1, 2)
+        vd = v_buf.index_select(0, dec.slots).reshape(b, dec.max_len, kvh, d).transpose(1, 2)
+        mask = dec.valid
+        if layer.sliding_window > 0:
+            first = (dec.seq_lens - layer.sliding_window)[:, None, None, None]
+            mask = mask & (torch.arange(dec.max_len) >= first)
+        o = _sdpa(qd, kd.to(q.dtype), vd.to(q.dtype), mask, layer, gqa=False)
+        return o.reshape(b, -1)
+
+
+def _causal_mask(prefix_len: int, length: int, window: int) -> torch.Tensor:
+    """[length, prefix_len + length] bool: query i sees keys j <= prefix_len + i (and in window)."""
+    q_pos = torch.arange(length)[:, None] + prefix_len
+    k_pos = torch.arange(prefix_len + length)[None, :]
+    mask = k_pos <= q_pos
+    if window > 0:
+        mask &= k_pos > q_pos - window
+    return mask
+
+
+def _sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    layer: AttentionLayerSpec,
+    gqa: bool = True,
+) -> torch.Tensor:
+    if layer.logit_cap > 0:
+        if gqa and q.shape[1] != k.shape[1]:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        scores = (q.float() @ k.float().transpose(-1, -2)) * layer.scaling
+        scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        return (scores.softmax(-1) @ v.float()).to(q.dtype)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=layer.scaling, enable_gqa=gqa and q.shape[1] != k.shape[1]
+    )

@@ -1,0 +1,73 @@
+"""Every engine knob, with its default and help text, in one place (the CLI is generated from it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _knob(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass
+class EngineConfig:
+    model_path: str | None = _knob(
+        None, "HF folder, .gguf file or hub id (from the HF cache); default: SmolLM2-135M-Instruct"
+    )
+    dtype: str = _knob(
+        "auto", "weight and activation dtype", ("auto", "float32", "bfloat16", "float16")
+    )
+    device: str = _knob("auto", "torch device: auto picks cuda when available, else cpu")
+    page_size: int = _knob(1, "tokens per KV page")
+    max_total_tokens: int | None = _knob(
+        None, "KV pool size in tokens (default: from kv_cache_gb on CPU, free memory on GPU)"
+    )
+    kv_cache_gb: float = _knob(2.0, "KV pool size in GiB on the CPU when max_total_tokens is unset")
+    mem_fraction_static: float = _knob(0.85, "fraction of free GPU memory for weights + KV pool")
+    context_length: int | None = _knob(None, "maximum tokens per request (default: the model's)")
+    max_running_requests: int = _knob(128, "requests decoded together at most")
+    chunked_prefill_size: int = _knob(
+        512, "prompt tokens prefilled per step (long prompts are split); -1 disables chunking"
+    )
+    max_prefill_tokens: int = _knob(
+        8192, "prompt tokens per step when chunking is disabled (a single prompt may exceed it)"
+    )
+    attention_backend: str = _knob(
+        "auto",
+        "attention implementation: triton on CUDA, torch on CPU",
+        ("auto", "torch", "triton"),
+    )
+    disable_radix_cache: bool = _knob(False, "turn off prefix reuse across requests")
+    schedule_policy: str = _knob("fcfs", "waiting-queue order", ("fcfs", "lpm", "dfs-weight"))
+    random_seed: int = _knob(0, "seed of the engine's shared sampling generator")
+    num_threads: int | None = _knob(None, "torch CPU threads (default: torch's choice)")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices and value not in choices:
+                raise ValueError(f"{f.name} must be one of {choices}, got {value!r}")
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
+            raise ValueError(
+                f"chunked_prefill_size must be positive or -1, got {self.chunked_prefill_size}"
+            )
+        if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
+            raise ValueError(f"max_total_tokens too small: {self.max_total_tokens}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        for key in kwargs:
+            if key not in names:
+                hint = difflib.get_close_matches(key, names, n=1)
+                extra = f"; did you mean {hint[0]!r}?" if hint else ""
+                raise ValueError(f"unknown engine option {key!r}{extra}")
+        return cls(**kwargs)

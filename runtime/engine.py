@@ -1,0 +1,543 @@
+"""The offline engine: a background loop that schedules, runs the model and samples.
+
+caller thread(s)                         engine thread (one step at a time)
+generate / async_generate ──inbox──►  admit, abort ─► Scheduler.schedule()
+      ▲                                  ModelRunner.forward ─► Sampler ─► finish checks
+      └──────── per-request sinks ◄───── outputs (every step when streaming, else at the end)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.detokenizer import IncrementalDetokenizer
+from radixflow.runtime.model_loader import load_checkpoint
+from radixflow.runtime.model_runner import ModelRunner
+from radixflow.runtime.request import LogprobRequest, Req
+from radixflow.runtime.sampler import RequestSampler, Sampler, SamplingBatch
+from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.scheduler import ScheduledStep, Scheduler, SchedulerLimits
+
+logger = logging.getLogger(__name__)
+
+
+class _Sink:
+    """Where a request's outputs go: a thread queue, or an asyncio queue on its loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.loop = loop
+        self.queue: queue.Queue | asyncio.Queue = asyncio.Queue() if loop else queue.Queue()
+
+    def put(self, item: dict[str, Any]) -> None:
+        if self.loop is None:
+            self.queue.put(item)
+        else:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+@dataclass
+class _Submission:
+    req: Req
+    sink: _Sink
+
+
+class Engine:
+    """SGLang-style offline engine. `rf.Engine()` loads the default model."""
+
+    def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+        self.config = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
+        checkpoint = load_checkpoint(self.config.model_path)
+        self.tokenizer = checkpoint.tokenizer
+        self.model_dir = checkpoint.model_dir
+        self.runner = ModelRunner(self.config, checkpoint)
+        self.vocab_size = self.runner.vocab_size
+        self.context_length = self.runner.context_length
+        self.eos_token_ids = _eos_ids(checkpoint)
+        self.scheduler = Scheduler(
+            self.runner.pool,
+            SchedulerLimits(
+                max_running_requests=self.config.max_running_requests,
+                chunked_prefill_size=self.config.chunked_prefill_size,
+                max_prefill_tokens=self.config.max_prefill_tokens,
+                context_length=self.context_length,
+            ),
+        )
+        self.sampler = Sampler(seed=self.config.random_seed)
+        self._sinks: dict[str, _Sink] = {}
+        self._inbox: queue.Queue[_Submission | str] = queue.Queue()
+        self._wake = threading.Event()
+        self._stopped = False
+        self._counter = itertools.count()
+        self.stats = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "steps": 0}
+        self._thread = threading.Thread(target=self._loop, name="radixflow-engine", daemon=True)
+        self._thread.start()
+
+    # -- public API -------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        stream: bool = False,
+        rid: str | None = None,
+    ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
+        """Generate for one prompt (a dict), a list (a list of dicts) or stream (an iterator)."""
+        groups, batched = self._make_requests(
+            prompt,
+            sampling_params,
+            input_ids,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            stream,
+            rid,
+        )
+        reqs = [r for g in groups for r in g]
+        sinks = [self._submit(r, _Sink()) for r in reqs]
+        if stream:
+            return self._stream_sync(sinks[0])
+        results = [self._wait_final_sync(s) for s in sinks]
+        return _shape(results, groups, batched)
+
+    async def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        stream: bool = False,
+        rid: str | None = None,
+    ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
+        """The asyncio twin of `generate`; with stream=True it returns an async iterator."""
+        groups, batched = self._make_requests(
+            prompt,
+            sampling_params,
+            input_ids,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            stream,
+            rid,
+        )
+        loop = asyncio.get_running_loop()
+        reqs = [r for g in groups for r in g]
+        sinks = [self._submit(r, _Sink(loop)) for r in reqs]
+        if stream:
+            return self._stream_async(sinks[0], reqs[0].rid)
+        try:
+            results = [await self._wait_final_async(s) for s in sinks]
+        except asyncio.CancelledError:
+            for r in reqs:
+                self.abort(r.rid)
+            raise
+        return _shape(results, groups, batched)
+
+    def abort(self, rid: str) -> None:
+        """Stop a request; it finishes with finish_reason type 'abort'."""
+        self._inbox.put(rid)
+        self._wake.set()
+
+    def shutdown(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def kv_pages_free(self) -> int:
+        return self.runner.pool.available()
+
+    def kv_pages_total(self) -> int:
+        return self.runner.pool.capacity_pages
+
+    # -- request construction (caller thread) -----------------------------------------------
+    def _make_requests(
+        self,
+        prompt,
+        sampling_params,
+        input_ids,
+        return_logprob,
+        logprob_start_len,
+        top_logprobs_num,
+        stream,
+        rid,
+    ) -> tuple[list[list[Req]], bool]:
+        if self._stopped:
+            raise RuntimeError("the engine has been shut down")
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("give exactly one of prompt or input_ids")
+        if prompt is not None:
+            batched = isinstance(prompt, list)
+            prompts = prompt if batched else [prompt]
+            if not all(isinstance(p, str) for p in prompts):
+                raise ValueError("prompt must be a string or a list of strings")
+            ids_list = [self._encode(p) for p in prompts]
+        else:
+            batched = bool(input_ids) and isinstance(input_ids[0], list)
+            ids_list = input_ids if batched else [input_ids]
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != len(ids_list):
+                raise ValueError(
+                    f"sampling_params has {len(sampling_params)} entries for {len(ids_list)} prompts"
+                )
+            params_list = [SamplingParams.from_dict(p) for p in sampling_params]
+        else:
+            params_list = [SamplingParams.from_dict(sampling_params)] * len(ids_list)
+        logprob = LogprobRequest(
+            return_logprob=bool(return_logprob),
+            logprob_start_len=-1 if logprob_start_len is None else int(logprob_start_len),
+            top_logprobs_num=int(top_logprobs_num or 0),
+        )
+        if logprob.top_logprobs_num < 0:
+            raise ValueError(f"top_logprobs_num must be >= 0, got {top_logprobs_num}")
+        groups = []
+        for i, (ids, params) in enumerate(zip(ids_list, params_list, strict=True)):
+            self._check_prompt(ids)
+            params.validate(self.vocab_size)
+            base = rid if rid is not None and len(ids_list) == 1 else None
+            base = base or (f"{rid}-{i}" if rid is not None else uuid.uuid4().hex)
+            copies = params.expand()
+            groups.append(
+                [
+                    self._new_req(
+                        base if len(copies) == 1 else f"{base}-{j}", ids, p, logprob, stream
+                    )
+                    for j, p in enumerate(copies)
+                ]
+            )
+        if stream and sum(len(g) for g in groups) != 1:
+            raise ValueError("stream=True takes a single prompt with n=1")
+        return groups, batched
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def _check_prompt(self, ids: list[int]) -> None:
+        if not ids:
+            raise ValueError("prompt is empty")
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
+            raise ValueError(f"input_ids must be integers in [0, {self.vocab_size})")
+        if len(ids) >= self.context_length:
+            raise ValueError(
+                f"the prompt ({len(ids)} tokens) is longer than the model's context length "
+                f"({self.context_length} tokens)"
+            )
+
+    def _new_req(
+        self,
+        rid: str,
+        ids: list[int],
+        params: SamplingParams,
+        logprob: LogprobRequest,
+        stream: bool,
+    ) -> Req:
+        detok = IncrementalDetokenizer(
+            self.tokenizer,
+            skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+            stop_strings=params.stop_strings,
+            no_stop_trim=params.no_stop_trim,
+        )
+        sampler = RequestSampler(
+            params, self.vocab_size, prompt_ids=ids, eos_token_ids=self.eos_token_ids
+        )
+        return Req(rid, list(ids), params, sampler, detok, logprob, stream)
+
+    def _submit(self, req: Req, sink: _Sink) -> _Sink:
+        self._inbox.put(_Submission(req, sink))
+        self._wake.set()
+        return sink
+
+    # -- waiting for results ----------------------------------------------------------------
+    def _wait_final_sync(self, sink: _Sink) -> dict[str, Any]:
+        while True:
+            item = sink.queue.get()
+            if item["meta_info"]["finish_reason"] is not None:
+                return item
+
+    async def _wait_final_async(self, sink: _Sink) -> dict[str, Any]:
+        while True:
+            item = await sink.queue.get()
+            if item["meta_info"]["finish_reason"] is not None:
+                return item
+
+    def _stream_sync(self, sink: _Sink) -> Iterator[dict[str, Any]]:
+        while True:
+            item = sink.queue.get()
+            yield item
+            if item["meta_info"]["finish_reason"] is not None:
+                return
+
+    async def _stream_async(self, sink: _Sink, rid: str) -> AsyncIterator[dict[str, Any]]:
+        finished = False
+        try:
+            while not finished:
+                item = await sink.queue.get()
+                finished = item["meta_info"]["finish_reason"] is not None
+                yield item
+        finally:
+            if not finished:
+                self.abort(rid)
+
+    # -- the loop (engine thread) -----------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stopped:
+            self._drain_inbox()
+            if not self.scheduler.has_work():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                self.step()
+            except Exception as exc:  # a bug must not hang callers: fail what was running
+                logger.exception("engine step failed")
+                for req in list(self.scheduler.running) + list(self.scheduler.waiting):
+                    self.scheduler.remove(req)
+                    self._finish(req, {"type": "abort", "message": f"engine error: {exc!r}"})
+        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self.scheduler.remove(req)
+            self._finish(req, {"type": "abort", "message": "engine shut down"})
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, str):
+                self._abort_now(item)
+            else:
+                self._sinks[item.req.rid] = item.sink
+                self.scheduler.add(item.req)
+                self.stats["requests"] += 1
+
+    def _abort_now(self, rid: str) -> None:
+        for req in itertools.chain(self.scheduler.running, self.scheduler.waiting):
+            if req.rid == rid:
+                self.scheduler.remove(req)
+                self._finish(req, {"type": "abort", "message": "aborted by request"})
+                return
+
+    def step(self) -> None:
+        """One schedule → forward → sample → finish round."""
+        step = self.scheduler.schedule()
+        for req in self.scheduler.failed:
+            self._finish(req, req.finish_reason)
+        self.scheduler.failed.clear()
+        if step is None:
+            return
+        self.stats["steps"] += 1
+        rows = _LogitRows.plan(step)
+        batch = self.runner.build_batch(step, rows.indices)
+        logits = self.runner.forward(batch)
+        for req, n in zip(step.reqs, step.extend_lens, strict=True):
+            req.kv_len += n
+        if rows.input_rows:
+            self._input_logprobs(step, rows, logits)
+        sampled = [step.reqs[i] for i in rows.sample_reqs]
+        if not sampled:
+            return
+        want_lp = any(r.logprob.return_logprob for r in sampled)
+        top_k = max(r.logprob.top_logprobs_num for r in sampled) if want_lp else 0
+        out = self.sampler.sample(
+            logits[rows.sample_rows],
+            SamplingBatch.build([r.sampler for r in sampled], self.vocab_size, logits.device),
+            return_logprob=want_lp,
+            top_logprobs_num=top_k,
+        )
+        tokens = out.next_token_ids.tolist()
+        now = time.monotonic()
+        for i, (req, token) in enumerate(zip(sampled, tokens, strict=True)):
+            req.output_ids.append(token)
+            req.sampler.observe(token)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            if req.logprob.return_logprob:
+                req.output_logprobs.append(float(out.logprobs[i]))
+                if req.logprob.top_logprobs_num:
+                    req.output_top_logprobs.append(_top(out.top_logprobs, i, req))
+            reason = self._finish_reason(req, token)
+            if reason is not None:
+                self.scheduler.remove(req)
+                self._finish(req, reason)
+            elif req.stream:
+                self._emit(req)
+
+    def _finish_reason(self, req: Req, token: int) -> dict[str, Any] | None:
+        p = req.params
+        if (not p.ignore_eos and token in self.eos_token_ids) or (
+            p.stop_token_ids and token in p.stop_token_ids
+        ):
+            return {"type": "stop", "matched": token}
+        if req.stream or p.stop_strings:
+            matched = req.detokenizer.update(req.output_ids)
+            if matched is not None:
+                return {"type": "stop", "matched": matched}
+        if len(req.output_ids) >= p.max_new_tokens:
+            return {"type": "length", "length": p.max_new_tokens}
+        if req.fill_len >= self.context_length:
+            return {"type": "length", "length": len(req.output_ids)}
+        return None
+
+    def _finish(self, req: Req, reason: dict[str, Any]) -> None:
+        req.finish_reason = reason
+        if reason["type"] != "stop" or not isinstance(reason.get("matched"), str):
+            req.detokenizer.flush(req.output_ids)
+        self.stats["prompt_tokens"] += len(req.prompt_ids)
+        self.stats["completion_tokens"] += len(req.output_ids)
+        self._emit(req)
+        self._sinks.pop(req.rid, None)
+
+    def _emit(self, req: Req) -> None:
+        sink = self._sinks.get(req.rid)
+        if sink is not None:
+            sink.put(self._output(req))
+
+    def _output(self, req: Req) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "prompt_tokens": len(req.prompt_ids),
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": req.cached_tokens,
+            "finish_reason": req.finish_reason,
+            "e2e_latency": time.monotonic() - req.created,
+        }
+        if req.logprob.return_logprob:
+            meta["output_token_logprobs"] = [
+                (lp, t, None) for lp, t in zip(req.output_logprobs, req.output_ids, strict=False)
+            ]
+            if req.logprob.top_logprobs_num:
+                meta["output_top_logprobs"] = [
+                    [(lp, t, None) for lp, t in row] for row in req.output_top_logprobs
+                ]
+            if req.logprob.logprob_start_len >= 0:
+                start = min(req.logprob.logprob_start_len, len(req.prompt_ids) - 1)
+                ids = req.prompt_ids[start:]
+                meta["input_token_logprobs"] = [
+                    (lp, t, None) for lp, t in zip(req.input_logprobs, ids, strict=False)
+                ]
+                if req.logprob.top_logprobs_num:
+                    meta["input_top_logprobs"] = [
+                        None if row is None else [(lp, t, None) for lp, t in row]
+                        for row in req.input_top_logprobs
+                    ]
+        return {"text": req.detokenizer.text, "output_ids": list(req.output_ids), "meta_info": meta}
+
+    def _input_logprobs(self, step: ScheduledStep, rows: _LogitRows, logits: torch.Tensor) -> None:
+        """Logprob of each prompt token given the tokens before it (for `select` scoring)."""
+        logp = torch.log_softmax(logits[rows.input_rows_flat], dim=-1)
+        offset = 0
+        for req_i, positions in rows.input_rows:
+            req = step.reqs[req_i]
+            start = min(req.logprob.logprob_start_len, len(req.prompt_ids) - 1)
+            if start == 0 and not req.input_logprobs:
+                req.input_logprobs.append(None)
+                req.input_top_logprobs.append(None)
+            k = req.logprob.top_logprobs_num
+            for j, pos in enumerate(positions):
+                row = logp[offset + j]
+                if pos + 1 == start + len(req.input_logprobs):
+                    token = req.prompt_ids[pos + 1]
+                    req.input_logprobs.append(float(row[token]))
+                    if k:
+                        vals, ids = row.topk(k)
+                        req.input_top_logprobs.append(
+                            list(zip(vals.tolist(), ids.tolist(), strict=True))
+                        )
+            offset += len(positions)
+
+
+@dataclass
+class _LogitRows:
+    """Which token rows of a step need logits: one per request that samples, plus prompt rows."""
+
+    indices: torch.Tensor
+    sample_reqs: list[int]  # indices into step.reqs
+    sample_rows: torch.Tensor  # rows of the logits tensor to sample from
+    input_rows: list[tuple[int, list[int]]]  # (req index, prompt positions predicting pos+1)
+    input_rows_flat: torch.Tensor
+
+    @classmethod
+    def plan(cls, step: ScheduledStep) -> _LogitRows:
+        indices: list[int] = []
+        sample_reqs: list[int] = []
+        sample_rows: list[int] = []
+        input_rows: list[tuple[int, list[int]]] = []
+        input_flat: list[int] = []
+        start = 0
+        for i, (req, n) in enumerate(zip(step.reqs, step.extend_lens, strict=True)):
+            if req.wants_input_logprobs:
+                first = max(
+                    min(req.logprob.logprob_start_len, len(req.prompt_ids) - 1) - 1, req.kv_len
+                )
+                last = min(req.kv_len + n, len(req.prompt_ids) - 1)
+                positions = list(range(first, last))
+                if positions:
+                    input_rows.append((i, positions))
+                    for pos in positions:
+                        input_flat.append(len(indices))
+                        indices.append(start + pos - req.kv_len)
+            if req.kv_len + n == req.fill_len:
+                sample_reqs.append(i)
+                sample_rows.append(len(indices))
+                indices.append(start + n - 1)
+            start += n
+        return cls(
+            torch.tensor(indices, dtype=torch.int64),
+            sample_reqs,
+            torch.tensor(sample_rows, dtype=torch.int64),
+            input_rows,
+            torch.tensor(input_flat, dtype=torch.int64),
+        )
+
+
+def _top(
+    top_logprobs: tuple[torch.Tensor, torch.Tensor], i: int, req: Req
+) -> list[tuple[float, int]]:
+    vals, ids = top_logprobs
+    k = req.logprob.top_logprobs_num
+    return list(zip(vals[i, :k].tolist(), ids[i, :k].tolist(), strict=True))
+
+
+def _eos_ids(checkpoint) -> set[int]:
+    ids: set[int] = set()
+    for source in (checkpoint.config, getattr(checkpoint, "generation_config", None)):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(value)
+    if checkpoint.tokenizer.eos_token_id is not None:
+        ids.add(checkpoint.tokenizer.eos_token_id)
+    return ids
+
+
+def _shape(results: list[dict[str, Any]], groups: list[list[Req]], batched: bool):
+    if batched or len(groups[0]) > 1:
+        return results
+    return results[0]

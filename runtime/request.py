@@ -1,0 +1,73 @@
+"""A generation request as the scheduler sees it: its tokens, its KV and its results."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixflow.runtime.detokenizer import IncrementalDetokenizer
+from radixflow.runtime.sampler import RequestSampler
+from radixflow.runtime.sampling_params import SamplingParams
+
+
+@dataclass
+class LogprobRequest:
+    """What logprobs a request wants back."""
+
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # first prompt position with input logprobs; -1: none
+    top_logprobs_num: int = 0
+
+
+@dataclass
+class Req:
+    """One sequence being generated.
+
+    fill_ids = prompt + output so far. The first `kv_len` of them have K/V in the pool
+    (at req_to_token[row, :kv_len]); the step that runs it feeds fill_ids[kv_len:].
+    """
+
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    sampler: RequestSampler
+    detokenizer: IncrementalDetokenizer
+    logprob: LogprobRequest = field(default_factory=LogprobRequest)
+    stream: bool = False
+    output_ids: list[int] = field(default_factory=list)
+    row: int | None = None  # row of req_to_token while it holds KV
+    pages: list[int] = field(default_factory=list)  # pages this request owns
+    kv_len: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    finish_reason: dict[str, Any] | None = None
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: list[float | None] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    created: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    retractions: int = 0
+
+    @property
+    def fill_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def fill_ids(self, start: int, end: int) -> list[int]:
+        n = len(self.prompt_ids)
+        if end <= n:
+            return self.prompt_ids[start:end]
+        return (self.prompt_ids + self.output_ids)[start:end]
+
+    @property
+    def remaining(self) -> int:
+        """Tokens to feed before the next token can be sampled (1 while decoding)."""
+        return self.fill_len - self.kv_len
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return self.logprob.return_logprob and self.logprob.logprob_start_len >= 0
