@@ -1,0 +1,1 @@
+"""Triton kernels, each beside a torch reference of the same signature (`*_ref`)."""

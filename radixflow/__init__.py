@@ -1,8 +1,8 @@
 """radixflow: structured generation programs on a fast LLM runtime.
 
-    import radixflow as rf
-    engine = rf.Engine()                       # the default model (SmolLM2-135M-Instruct)
-    engine.generate("The capital of France is", {"max_new_tokens": 8})
+import radixflow as rf
+engine = rf.Engine()                       # the default model (SmolLM2-135M-Instruct)
+engine.generate("The capital of France is", {"max_new_tokens": 8})
 """
 
 from radixflow.runtime.config import EngineConfig

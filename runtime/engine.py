@@ -263,9 +263,7 @@ class Engine:
             stop_strings=params.stop_strings,
             no_stop_trim=params.no_stop_trim,
         )
-        sampler = RequestSampler(
-            params, self.vocab_size, prompt_ids=ids, eos_token_ids=self.eos_token_ids
-        )
+        sampler = RequestSampler(params, prompt_ids=ids, eos_token_ids=self.eos_token_ids)
         return Req(rid, list(ids), params, sampler, detok, logprob, stream)
 
     def _submit(self, req: Req, sink: _Sink) -> _Sink:

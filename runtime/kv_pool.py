@@ -1,9 +1,9 @@
 """Paged KV storage: per-layer K/V buffers, a free-page allocator and the req_to_token table.
 
-    k_buffers[layer]  [num_pages * page_size, kv_heads, head_dim]
-                       slot s lives in page s // page_size; page 0 is reserved (padding writes)
-    req_to_token      [max_reqs, max_context] int32: row r, column j = slot of token j of the
-                       request holding row r
+k_buffers[layer]  [num_pages * page_size, kv_heads, head_dim]
+                   slot s lives in page s // page_size; page 0 is reserved (padding writes)
+req_to_token      [max_reqs, max_context] int32: row r, column j = slot of token j of the
+                   request holding row r
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ from radixflow.runtime.attention.torch_backend import TorchBackend
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixflow.runtime.kv_pool import KVPool
-
 from radixflow.runtime.models.llama import LlamaForCausalLM
 from radixflow.runtime.scheduler import ScheduledStep
 

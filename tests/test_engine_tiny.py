@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from tiny_models import make_tiny_model_dir
 
 import radixflow as rf
-from tiny_models import make_tiny_model_dir
 
 PROMPT_LENGTHS = [3, 17, 5, 40, 1, 23, 9, 31]
 

@@ -29,6 +29,7 @@ class AttentionLayerSpec:
 class AttentionBackend(ABC):
     """Computes attention for one layer of a ForwardBatch over the paged KV pool."""
 
+    @abstractmethod
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Precompute per-batch data shared by all layers (called once per forward)."""
 

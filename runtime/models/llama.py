@@ -32,9 +32,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 like HF, then scale in the model dtype.
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-        return normed * self.weight
+        # torch's fused kernel accumulates in float32 for low-precision inputs, as HF does.
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -144,7 +143,8 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
-        cos_sin = self.cos_sin_cache.index_select(0, batch.positions)
+        # Rotation in the activation dtype, as HF does.
+        cos_sin = self.cos_sin_cache.index_select(0, batch.positions).to(x.dtype)
         for layer in self.layers:
             x = layer(x, cos_sin, self.rope.rotary_dim, batch)
         x = self.norm(x.index_select(0, batch.logits_indices))

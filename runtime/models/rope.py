@@ -79,9 +79,9 @@ def apply_rotary_neox(cos_sin: torch.Tensor, x: torch.Tensor, rotary_dim: int) -
     half = rotary_dim // 2
     cos = cos_sin[:, None, :half]
     sin = cos_sin[:, None, half:]
-    rot = x[..., :rotary_dim].float()
+    rot = x[..., :rotary_dim]
     x1, x2 = rot[..., :half], rot[..., half:]
-    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
     if rotary_dim == x.shape[-1]:
         return out
     return torch.cat([out, x[..., rotary_dim:]], dim=-1)

