@@ -41,7 +41,11 @@ class EngineConfig:
         ("auto", "torch", "triton"),
     )
     disable_radix_cache: bool = _knob(False, "turn off prefix reuse across requests")
-    schedule_policy: str = _knob("fcfs", "waiting-queue order", ("fcfs", "lpm", "dfs-weight"))
+    schedule_policy: str = _knob(
+        "lpm",
+        "waiting-queue order: longest prefix match (fcfs past 128 waiting), dfs-weight or fcfs",
+        ("lpm", "dfs-weight", "fcfs"),
+    )
     random_seed: int = _knob(0, "seed of the engine's shared sampling generator")
     num_threads: int | None = _knob(None, "torch CPU threads (default: torch's choice)")
 

@@ -53,6 +53,11 @@ class _Submission:
     sink: _Sink
 
 
+@dataclass
+class _Flush:
+    done: queue.Queue
+
+
 class Engine:
     """SGLang-style offline engine. `rf.Engine()` loads the default model."""
 
@@ -73,16 +78,23 @@ class Engine:
                 max_running_requests=self.config.max_running_requests,
                 chunked_prefill_size=self.config.chunked_prefill_size,
                 max_prefill_tokens=self.config.max_prefill_tokens,
-                context_length=self.context_length,
+                policy=self.config.schedule_policy,
+                disable_radix_cache=self.config.disable_radix_cache,
             ),
         )
         self.sampler = Sampler(seed=self.config.random_seed)
         self._sinks: dict[str, _Sink] = {}
-        self._inbox: queue.Queue[_Submission | str] = queue.Queue()
+        self._inbox: queue.Queue[_Submission | _Flush | str] = queue.Queue()
         self._wake = threading.Event()
         self._stopped = False
         self._counter = itertools.count()
-        self.stats = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "steps": 0}
+        self.stats = {
+            "requests": 0,
+            "prompt_tokens": 0,
+            "cached_tokens": 0,
+            "completion_tokens": 0,
+            "steps": 0,
+        }
         self._thread = threading.Thread(target=self._loop, name="radixflow-engine", daemon=True)
         self._thread.start()
 
@@ -150,6 +162,21 @@ class Engine:
                 self.abort(r.rid)
             raise
         return _shape(results, groups, batched)
+
+    def flush_cache(self) -> None:
+        """Empty the prefix cache; refuses (RuntimeError) while requests are running or waiting."""
+        if self._stopped:
+            raise RuntimeError("the engine has been shut down")
+        done: queue.Queue[Exception | None] = queue.Queue()
+        self._inbox.put(_Flush(done))
+        self._wake.set()
+        error = done.get()
+        if error is not None:
+            raise error
+
+    def cache_hit_rate(self) -> float:
+        """Fraction of finished requests' prompt tokens served from the prefix cache."""
+        return self.stats["cached_tokens"] / max(1, self.stats["prompt_tokens"])
 
     def abort(self, rid: str) -> None:
         """Stop a request; it finishes with finish_reason type 'abort'."""
@@ -329,6 +356,12 @@ class Engine:
                 return
             if isinstance(item, str):
                 self._abort_now(item)
+            elif isinstance(item, _Flush):
+                try:
+                    self.scheduler.flush_cache()
+                    item.done.put(None)
+                except RuntimeError as exc:
+                    item.done.put(exc)
             else:
                 self._sinks[item.req.rid] = item.sink
                 self.scheduler.add(item.req)
@@ -355,15 +388,26 @@ class Engine:
         logits = self.runner.forward(batch)
         for req, n in zip(step.reqs, step.extend_lens, strict=True):
             req.kv_len += n
+            if n > 1:
+                self.scheduler.cache_prefill_chunk(req)
         if rows.input_rows:
             self._input_logprobs(step, rows, logits)
-        sampled = [step.reqs[i] for i in rows.sample_reqs]
+        sampled = []
+        for i, row in zip(rows.sample_reqs, rows.sample_rows, strict=True):
+            req = step.reqs[i]
+            if req.params.max_new_tokens == 0:  # prefill only: cache the prompt, score it
+                self.scheduler.remove(req)
+                self._finish(req, {"type": "length", "length": 0})
+            else:
+                sampled.append((req, row))
         if not sampled:
             return
+        sample_rows = torch.tensor([row for _, row in sampled])
+        sampled = [req for req, _ in sampled]
         want_lp = any(r.logprob.return_logprob for r in sampled)
         top_k = max(r.logprob.top_logprobs_num for r in sampled) if want_lp else 0
         out = self.sampler.sample(
-            logits[rows.sample_rows],
+            logits[sample_rows],
             SamplingBatch.build([r.sampler for r in sampled], self.vocab_size, logits.device),
             return_logprob=want_lp,
             top_logprobs_num=top_k,
@@ -407,6 +451,7 @@ class Engine:
         if reason["type"] != "stop" or not isinstance(reason.get("matched"), str):
             req.detokenizer.flush(req.output_ids)
         self.stats["prompt_tokens"] += len(req.prompt_ids)
+        self.stats["cached_tokens"] += req.cached_tokens
         self.stats["completion_tokens"] += len(req.output_ids)
         self._emit(req)
         self._sinks.pop(req.rid, None)
@@ -425,6 +470,8 @@ class Engine:
             "finish_reason": req.finish_reason,
             "e2e_latency": time.monotonic() - req.created,
         }
+        if req.first_token_time is not None:
+            meta["ttft"] = req.first_token_time - req.created
         if req.logprob.return_logprob:
             meta["output_token_logprobs"] = [
                 (lp, t, None) for lp, t in zip(req.output_logprobs, req.output_ids, strict=False)
@@ -476,7 +523,7 @@ class _LogitRows:
 
     indices: torch.Tensor
     sample_reqs: list[int]  # indices into step.reqs
-    sample_rows: torch.Tensor  # rows of the logits tensor to sample from
+    sample_rows: list[int]  # rows of the logits tensor to sample from
     input_rows: list[tuple[int, list[int]]]  # (req index, prompt positions predicting pos+1)
     input_rows_flat: torch.Tensor
 
@@ -508,7 +555,7 @@ class _LogitRows:
         return cls(
             torch.tensor(indices, dtype=torch.int64),
             sample_reqs,
-            torch.tensor(sample_rows, dtype=torch.int64),
+            sample_rows,
             input_rows,
             torch.tensor(input_flat, dtype=torch.int64),
         )

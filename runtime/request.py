@@ -39,6 +39,8 @@ class Req:
     row: int | None = None  # row of req_to_token while it holds KV
     pages: list[int] = field(default_factory=list)  # pages this request owns
     kv_len: int = 0
+    cache_len: int = 0  # leading tokens whose KV belongs to the radix tree
+    last_node: Any = None  # radix tree node locked for those tokens
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     finish_reason: dict[str, Any] | None = None
     output_logprobs: list[float] = field(default_factory=list)

@@ -1,21 +1,31 @@
-"""Continuous batching: which requests run in the next forward, and their KV pages.
+"""Continuous batching over a paged KV pool with RadixAttention prefix reuse.
 
-Every step is one forward over a mix of rows: each running request contributes the tokens it
-still has to feed (1 while decoding, a chunk of its prompt while prefilling), and waiting
-requests are admitted while the prefill budget, request slots and KV pages allow. When pages
-run out during decoding, the newest running requests are retracted to the front of the
-waiting queue (their KV freed, their output kept) and resume later by re-prefilling.
+Every step is one forward over a mix of rows: each running request feeds the tokens it still
+has to (1 while decoding, a chunk of its prompt while prefilling), and waiting requests are
+admitted, in the policy's order, while the prefill budget, request rows and KV pages allow.
+
+A request's KV lives in pages listed in `req.pages`; the first `req.cache_len` tokens are the
+radix tree's (shared, locked through `req.last_node`), the rest are its own. Prefill chunks and
+finished requests are inserted into the tree, so later requests (and the next chat turn) hit.
+When pages run out the tree evicts least-recently-used unlocked prefixes first; only then are
+the newest running requests retracted to the front of the queue, keeping their output.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 import torch
 
 from radixflow.runtime.kv_pool import KVPool
+from radixflow.runtime.radix_cache import RadixCache, TreeNode
 from radixflow.runtime.request import Req
+
+# Past this queue length, prefix matching for every waiting request costs more than it saves.
+LPM_MAX_QUEUE = 128
+# Waiting requests sharing this many uncached tokens with one admitted in the same round wait
+# for it to warm the cache instead of computing the same prefix twice.
+IN_BATCH_PREFIX_THRESHOLD = 32
 
 
 @dataclass
@@ -32,14 +42,18 @@ class SchedulerLimits:
     max_running_requests: int
     chunked_prefill_size: int  # -1: prompts are never split
     max_prefill_tokens: int
-    context_length: int
+    policy: str = "lpm"  # lpm | dfs-weight | fcfs
+    disable_radix_cache: bool = False
 
 
 class Scheduler:
     def __init__(self, pool: KVPool, limits: SchedulerLimits) -> None:
         self.pool = pool
         self.limits = limits
-        self.waiting: deque[Req] = deque()
+        self.cache = RadixCache(
+            pool.free, page_size=pool.page_size, disable=limits.disable_radix_cache
+        )
+        self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.num_retractions = 0
         self.failed: list[Req] = []  # requests the pool can never hold; the engine reports them
@@ -59,6 +73,11 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
 
+    def flush_cache(self) -> None:
+        if self.running or self.waiting:
+            raise RuntimeError("cannot flush the cache while requests are running or waiting")
+        self.cache.reset()
+
     # -- scheduling ----------------------------------------------------------------------------
     def schedule(self) -> ScheduledStep | None:
         reqs: list[Req] = []
@@ -68,7 +87,11 @@ class Scheduler:
         for req in list(self.running):
             if req not in self.running:  # retracted while making room for an earlier one
                 continue
-            n = req.remaining if req.remaining == 1 else self._chunk(req, budget, first=not reqs)
+            n = (
+                1
+                if req.remaining == 1
+                else self._chunk(req, budget, first=budget == self._prefill_budget())
+            )
             if n == 0:
                 continue
             loc = self._grow_or_retract(req, n)
@@ -79,16 +102,18 @@ class Scheduler:
             slots.append(loc)
             if n > 1:
                 budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.limits.max_running_requests:
-            req = self.waiting[0]
-            n = self._chunk(req, budget, first=not any(n > 1 for n in lens))
-            if n == 0 or not self._can_admit(req, n):
+        admitted: list[Req] = []
+        for req in self._ordered_waiting():
+            if budget <= 0 or len(self.running) >= self.limits.max_running_requests:
                 break
-            self.waiting.popleft()
-            req.row = self.pool.alloc_row()
+            if self._shares_uncached_prefix(req, admitted):
+                continue
+            n = self._admit(req, budget, first=budget == self._prefill_budget())
+            if n is None:
+                break
             loc = self._grow(req, n)
-            assert loc is not None  # _can_admit checked the pages
-            self.running.append(req)
+            assert loc is not None  # _admit checked the pages
+            admitted.append(req)
             reqs.append(req)
             lens.append(n)
             slots.append(loc)
@@ -108,21 +133,97 @@ class Scheduler:
         # Without chunking a prompt goes whole; the first one of a step may exceed the budget.
         return req.remaining if (req.remaining <= budget or first) else 0
 
-    def _can_admit(self, req: Req, n: int) -> bool:
-        if self.pool.rows_available() == 0:
+    def _ordered_waiting(self) -> list[Req]:
+        policy = self.limits.policy
+        if policy == "fcfs" or self.cache.disable or len(self.waiting) > LPM_MAX_QUEUE:
+            return list(self.waiting)
+        matches = {id(r): self.cache.match_prefix(self._matchable_ids(r)) for r in self.waiting}
+        if policy == "lpm":
+            return sorted(self.waiting, key=lambda r: -len(matches[id(r)].slots))
+        return self._dfs_weight_order(matches)
+
+    def _dfs_weight_order(self, matches: dict) -> list[Req]:
+        """Visit the tree heaviest subtree first (weight = waiting requests below a node)."""
+        at_node: dict[int, list[Req]] = {}
+        weight: dict[int, int] = {}
+        for req in self.waiting:
+            node: TreeNode | None = matches[id(req)].last_node
+            at_node.setdefault(id(node), []).append(req)
+            while node is not None:
+                weight[id(node)] = weight.get(id(node), 0) + 1
+                node = node.parent
+        order: list[Req] = []
+        stack = [self.cache.root]
+        while stack:
+            node = stack.pop()
+            order.extend(at_node.get(id(node), []))
+            children = [c for c in node.children.values() if id(c) in weight]
+            stack.extend(sorted(children, key=lambda c: weight[id(c)]))
+        return order
+
+    def _shares_uncached_prefix(self, req: Req, admitted: list[Req]) -> bool:
+        if self.cache.disable or not admitted:
             return False
-        # Keep one page of headroom per running request so admitting does not force retraction.
-        need = self._pages_needed(req, n) + len(self.running)
-        return self.pool.available() >= need
+        cached = len(self.cache.match_prefix(self._matchable_ids(req)).slots)
+        ids = req.fill_ids(0, req.fill_len)
+        for other in admitted:
+            theirs = other.fill_ids(0, other.fill_len)
+            common = 0
+            for a, b in zip(ids, theirs, strict=False):
+                if a != b:
+                    break
+                common += 1
+            if common - cached >= IN_BATCH_PREFIX_THRESHOLD:
+                return True
+        return False
+
+    @staticmethod
+    def _matchable_ids(req: Req) -> list[int]:
+        # The last token is always fed, so its logits exist to sample from.
+        return req.fill_ids(0, req.fill_len - 1)
+
+    def _admit(self, req: Req, budget: int, first: bool) -> int | None:
+        """Attach the cached prefix and a row; returns the chunk size, or None if it cannot run."""
+        if self.pool.rows_available() == 0:
+            return None
+        match = self.cache.match_prefix(self._matchable_ids(req))
+        prefix = len(match.slots)
+        req.kv_len = prefix
+        n = self._chunk(req, budget, first)
+        self.cache.lock(match.last_node)  # before counting what eviction could free
+        # One page of headroom per running request so admitting does not force retraction.
+        need = self._pages_needed(req, n, prefix // self.pool.page_size) + len(self.running)
+        free = self.pool.available() + self.cache.evictable_size() // self.pool.page_size
+        if n == 0 or need > free:
+            self.cache.unlock(match.last_node)
+            req.kv_len = 0
+            return None
+        self.waiting.remove(req)
+        req.last_node = match.last_node
+        req.cache_len = prefix
+        req.pages = (match.slots[:: self.pool.page_size] // self.pool.page_size).tolist()
+        req.row = self.pool.alloc_row()
+        self.pool.req_to_token[req.row, :prefix] = match.slots.to(torch.int32)
+        if req.retractions == 0:
+            req.cached_tokens = min(prefix, len(req.prompt_ids))
+        self.running.append(req)
+        return n
 
     # -- KV pages ------------------------------------------------------------------------------
-    def _pages_needed(self, req: Req, n: int) -> int:
-        ps = self.pool.page_size
-        return -(-(req.kv_len + n) // ps) - len(req.pages)
+    def _pages_needed(self, req: Req, n: int, have: int | None = None) -> int:
+        have = len(req.pages) if have is None else have
+        return -(-(req.kv_len + n) // self.pool.page_size) - have
+
+    def _alloc_pages(self, n: int) -> list[int] | None:
+        """Free pages, evicting cached prefixes first when the pool is short."""
+        short = n - self.pool.available()
+        if short > 0:
+            self.cache.evict(short * self.pool.page_size)
+        return self.pool.alloc_pages(n)
 
     def _grow(self, req: Req, n: int) -> torch.Tensor | None:
         """Give the request KV slots for its next n tokens; None (nothing taken) if pages lack."""
-        new_pages = self.pool.alloc_pages(self._pages_needed(req, n))
+        new_pages = self._alloc_pages(self._pages_needed(req, n))
         if new_pages is None:
             return None
         req.pages.extend(new_pages)
@@ -163,17 +264,48 @@ class Scheduler:
                 return None
 
     def retract(self, req: Req) -> None:
-        """Free a running request's KV and requeue it at the front; its output is kept."""
+        """Requeue a running request at the front; its KV goes to the tree, its output is kept."""
         self.running.remove(req)
         self._release(req)
         req.retractions += 1
         self.num_retractions += 1
-        self.waiting.appendleft(req)
+        self.waiting.insert(0, req)
+
+    # -- the radix tree --------------------------------------------------------------------------
+    def cache_prefill_chunk(self, req: Req) -> None:
+        """After a prefill chunk: hand the computed prefix to the tree and use the tree's copy."""
+        ps = self.pool.page_size
+        aligned = req.kv_len // ps * ps
+        if self.cache.disable or aligned <= req.cache_len:
+            return
+        ids = req.fill_ids(0, aligned)
+        present = self.cache.insert(ids, self.pool.req_to_token[req.row, :aligned].long())
+        match = self.cache.match_prefix(ids)
+        self.pool.free_pages(req.pages[req.cache_len // ps : present // ps])
+        req.pages[: aligned // ps] = (match.slots[::ps] // ps).tolist()
+        self.pool.req_to_token[req.row, :aligned] = match.slots.to(torch.int32)
+        self.cache.lock(match.last_node)
+        self.cache.unlock(req.last_node)
+        req.last_node = match.last_node
+        req.cache_len = aligned
 
     def _release(self, req: Req) -> None:
-        self.pool.free_pages(req.pages)
+        """Give the request's KV to the tree (own pages it does not take are freed)."""
+        if req.row is None:
+            return
+        ps = self.pool.page_size
+        kv = req.kv_len
+        present = self.cache.insert(
+            req.fill_ids(0, kv), self.pool.req_to_token[req.row, :kv].long()
+        )
+        aligned = kv // ps * ps
+        self.pool.free_pages(
+            req.pages[req.cache_len // ps : present // ps] + req.pages[aligned // ps :]
+        )
+        self.cache.unlock(req.last_node)
+        self.pool.free_row(req.row)
+        req.row = None
         req.pages = []
         req.kv_len = 0
-        if req.row is not None:
-            self.pool.free_row(req.row)
-            req.row = None
+        req.cache_len = 0
+        req.last_node = None

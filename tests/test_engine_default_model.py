@@ -42,6 +42,8 @@ def hf(engine):
 @pytest.fixture(autouse=True)
 def _pages_free_after(engine):
     yield
+    assert engine.scheduler.cache.protected_size() == 0
+    engine.flush_cache()
     assert engine.kv_pages_free() == engine.kv_pages_total()
 
 

@@ -37,6 +37,9 @@ def _hf_greedy(hf, ids: list[int], max_new: int) -> list[int]:
 
 
 def _assert_all_pages_free(engine: rf.Engine) -> None:
+    """Every page is either free or the radix tree's; flushing the tree frees them all."""
+    assert engine.scheduler.cache.protected_size() == 0
+    engine.flush_cache()
     assert engine.kv_pages_free() == engine.kv_pages_total()
 
 
