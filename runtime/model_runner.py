@@ -75,6 +75,7 @@ class ModelRunner:
         model.load_weights(checkpoint.weights(torch.float32))
         self.model = model.to(self.dtype).eval()
         self.model.cos_sin_cache = self.model.cos_sin_cache.float()
+        self.model.use_triton_kernels(self.attention_backend == "triton")
 
     def _num_pages(self, config: EngineConfig, layers: int, kv_heads: int, head_dim: int) -> int:
         if config.max_total_tokens is not None:
@@ -92,6 +93,7 @@ class ModelRunner:
     def _make_backend(self, name: str) -> AttentionBackend:
         if name == "auto":
             name = "triton" if self.device.type == "cuda" else "torch"
+        self.attention_backend = name
         if name == "triton":
             from radixflow.runtime.attention.triton_backend import TritonBackend
 

@@ -179,8 +179,12 @@ class Scheduler:
 
     @staticmethod
     def _matchable_ids(req: Req) -> list[int]:
-        # The last token is always fed, so its logits exist to sample from.
-        return req.fill_ids(0, req.fill_len - 1)
+        # The last token is always fed, so its logits exist to sample from; prompt positions
+        # that still need input logprobs are fed too (their logits are not in the cache).
+        end = req.fill_len - 1
+        if req.wants_input_logprobs and not req.input_logprobs:
+            end = min(end, max(req.logprob.logprob_start_len - 1, 0))
+        return req.fill_ids(0, end)
 
     def _admit(self, req: Req, budget: int, first: bool) -> int | None:
         """Attach the cached prefix and a row; returns the chunk size, or None if it cannot run."""

@@ -125,3 +125,21 @@ def test_flush_cache_refuses_while_running():
         _check_clean(engine)
     finally:
         engine.shutdown()
+
+
+def test_input_logprobs_are_computed_for_cached_prompts():
+    engine = _engine()
+    try:
+        prompt = SYSTEM + QUESTIONS[1]
+        kwargs = {"return_logprob": True, "logprob_start_len": 3}
+        first = engine.generate(prompt, {"max_new_tokens": 0}, **kwargs)
+        again = engine.generate(prompt, {"max_new_tokens": 0}, **kwargs)
+        n = first["meta_info"]["prompt_tokens"]
+        assert len(again["meta_info"]["input_token_logprobs"]) == n - 3
+        assert again["meta_info"]["cached_tokens"] == 2  # everything before position 2
+        ours = [lp for lp, _, _ in again["meta_info"]["input_token_logprobs"]]
+        ref = [lp for lp, _, _ in first["meta_info"]["input_token_logprobs"]]
+        assert ours == pytest.approx(ref, abs=1e-4)
+        _check_clean(engine)
+    finally:
+        engine.shutdown()

@@ -7,7 +7,7 @@ fused into one matmul each; attention goes through the AttentionBackend seam.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +16,9 @@ from torch import nn
 from radixflow.runtime.attention.base import AttentionBackend, AttentionLayerSpec
 from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.models.rope import RopeSpec, apply_rotary_neox
+
+# (q, k) -> rotated (q, k), built once per forward for the batch's positions
+Rotate = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -30,8 +33,13 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.use_triton = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_triton:
+            from radixflow.kernels.norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps)
         # torch's fused kernel accumulates in float32 for low-precision inputs, as HF does.
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
@@ -63,9 +71,7 @@ class Attention(nn.Module):
         )
         self.backend = backend
 
-    def forward(
-        self, x: torch.Tensor, cos_sin: torch.Tensor, rotary_dim: int, batch: ForwardBatch
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotate: Rotate, batch: ForwardBatch) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
@@ -73,8 +79,7 @@ class Attention(nn.Module):
         if self.qk_norm:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q = apply_rotary_neox(cos_sin, q, rotary_dim)
-        k = apply_rotary_neox(cos_sin, k, rotary_dim)
+        q, k = rotate(q, k)
         out = self.backend.forward(
             q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, self.spec, batch
         )
@@ -101,10 +106,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
 
-    def forward(
-        self, x: torch.Tensor, cos_sin: torch.Tensor, rotary_dim: int, batch: ForwardBatch
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, rotary_dim, batch)
+    def forward(self, x: torch.Tensor, rotate: Rotate, batch: ForwardBatch) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rotate, batch)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -132,9 +135,34 @@ class LlamaForCausalLM(nn.Module):
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rope = RopeSpec.from_config(config, head_dim)
+        self.triton_kernels = False
         self.register_buffer(
             "cos_sin_cache", self.rope.cos_sin_cache(max_position), persistent=False
         )
+
+    def use_triton_kernels(self, enabled: bool) -> None:
+        """Run RMSNorm and rotary through the Triton kernels (the CUDA path)."""
+        self.triton_kernels = enabled
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.use_triton = enabled
+
+    def _rotation(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotate:
+        if self.triton_kernels:
+            from radixflow.kernels.rotary import rotary_embedding
+
+            def rotate(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                return rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim, True)
+
+            return rotate
+        # Rotation in the activation dtype, as HF does.
+        cos_sin = self.cos_sin_cache.index_select(0, positions).to(dtype)
+        dim = self.rope.rotary_dim
+
+        def rotate_ref(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return apply_rotary_neox(cos_sin, q, dim), apply_rotary_neox(cos_sin, k, dim)
+
+        return rotate_ref
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -143,10 +171,9 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
-        # Rotation in the activation dtype, as HF does.
-        cos_sin = self.cos_sin_cache.index_select(0, batch.positions).to(x.dtype)
+        rotate = self._rotation(batch.positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, cos_sin, self.rope.rotary_dim, batch)
+            x = layer(x, rotate, batch)
         x = self.norm(x.index_select(0, batch.logits_indices))
         return F.linear(x, self.output_weight).float()
 
