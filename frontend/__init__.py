@@ -1,0 +1,85 @@
+"""The DSL: SGLang's frontend surface, so `import radixflow as sgl` runs SGLang programs.
+
+@rf.function
+def qa(s, question):
+    s += rf.user(question)
+    s += rf.assistant(rf.gen("answer", max_tokens=64))
+
+rf.set_default_backend(rf.Runtime())
+print(qa.run(question="What is 2 + 2?")["answer"])
+"""
+
+from radixflow.frontend.api import (
+    assistant,
+    assistant_begin,
+    assistant_end,
+    flush_cache,
+    gen,
+    gen_int,
+    gen_string,
+    get_server_info,
+    select,
+    system,
+    system_begin,
+    system_end,
+    user,
+    user_begin,
+    user_end,
+)
+from radixflow.frontend.backend import Backend, RequestError
+from radixflow.frontend.chat_template import ChatTemplate
+from radixflow.frontend.choices import (
+    ChoicesDecision,
+    ChoicesSamplingMethod,
+    greedy_token_selection,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
+from radixflow.frontend.endpoint import RuntimeEndpoint
+from radixflow.frontend.interpreter import ProgramError, ProgramState, ProgramStateGroup
+from radixflow.frontend.openai_backend import OpenAI
+from radixflow.frontend.program import (
+    SglFunction,
+    function,
+    get_default_backend,
+    set_default_backend,
+)
+from radixflow.frontend.runtime_backend import Runtime
+from radixflow.frontend.tracer import ProgramTrace
+
+__all__ = [
+    "Backend",
+    "ChatTemplate",
+    "ChoicesDecision",
+    "ChoicesSamplingMethod",
+    "OpenAI",
+    "ProgramError",
+    "ProgramState",
+    "ProgramStateGroup",
+    "ProgramTrace",
+    "RequestError",
+    "Runtime",
+    "RuntimeEndpoint",
+    "SglFunction",
+    "assistant",
+    "assistant_begin",
+    "assistant_end",
+    "flush_cache",
+    "function",
+    "gen",
+    "gen_int",
+    "gen_string",
+    "get_default_backend",
+    "get_server_info",
+    "greedy_token_selection",
+    "select",
+    "set_default_backend",
+    "system",
+    "system_begin",
+    "system_end",
+    "token_length_normalized",
+    "unconditional_likelihood_normalized",
+    "user",
+    "user_begin",
+    "user_end",
+]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import make_tiny_model_dir
 
 import radixflow as rf
-from tiny_models import make_tiny_model_dir
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
