@@ -46,6 +46,9 @@ class EngineConfig:
         "waiting-queue order: longest prefix match (fcfs past 128 waiting), dfs-weight or fcfs",
         ("lpm", "dfs-weight", "fcfs"),
     )
+    grammar_compile_timeout: float = _knob(
+        10.0, "seconds a regex / JSON Schema / grammar may take to compile"
+    )
     random_seed: int = _knob(0, "seed of the engine's shared sampling generator")
     num_threads: int | None = _knob(None, "torch CPU threads (default: torch's choice)")
 

@@ -16,12 +16,14 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.constrained import GrammarBackend
 from radixflow.runtime.detokenizer import IncrementalDetokenizer
 from radixflow.runtime.model_loader import load_checkpoint
 from radixflow.runtime.model_runner import ModelRunner
@@ -83,6 +85,9 @@ class Engine:
             ),
         )
         self.sampler = Sampler(seed=self.config.random_seed)
+        self.grammars = GrammarBackend(
+            self.tokenizer, self.vocab_size, self.eos_token_ids, self.config.grammar_compile_timeout
+        )
         self._sinks: dict[str, _Sink] = {}
         self._inbox: queue.Queue[_Submission | _Flush | str] = queue.Queue()
         self._wake = threading.Event()
@@ -122,6 +127,8 @@ class Engine:
             rid,
         )
         reqs = [r for g in groups for r in g]
+        for req, compiled in self._compile_grammars(reqs):
+            req.grammar = compiled.result().matcher()
         sinks = [self._submit(r, _Sink()) for r in reqs]
         if stream:
             return self._stream_sync(sinks[0])
@@ -152,6 +159,8 @@ class Engine:
         )
         loop = asyncio.get_running_loop()
         reqs = [r for g in groups for r in g]
+        for req, compiled in self._compile_grammars(reqs):
+            req.grammar = (await asyncio.wrap_future(compiled)).matcher()
         sinks = [self._submit(r, _Sink(loop)) for r in reqs]
         if stream:
             return self._stream_async(sinks[0], reqs[0].rid)
@@ -189,6 +198,7 @@ class Engine:
         self._stopped = True
         self._wake.set()
         self._thread.join(timeout=30)
+        self.grammars.shutdown()
 
     def __enter__(self) -> Engine:
         return self
@@ -260,6 +270,10 @@ class Engine:
         if stream and sum(len(g) for g in groups) != 1:
             raise ValueError("stream=True takes a single prompt with n=1")
         return groups, batched
+
+    def _compile_grammars(self, reqs: list[Req]) -> list[tuple[Req, Future]]:
+        """Start compiling the grammars of constrained requests on the grammar pool."""
+        return [(r, self.grammars.submit(r.params)) for r in reqs if r.params.grammar is not None]
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
@@ -402,12 +416,13 @@ class Engine:
                 sampled.append((req, row))
         if not sampled:
             return
-        sample_rows = torch.tensor([row for _, row in sampled])
+        sample_logits = logits[torch.tensor([row for _, row in sampled])]
         sampled = [req for req, _ in sampled]
+        self.grammars.mask_logits(sample_logits, sampled)
         want_lp = any(r.logprob.return_logprob for r in sampled)
         top_k = max(r.logprob.top_logprobs_num for r in sampled) if want_lp else 0
         out = self.sampler.sample(
-            logits[sample_rows],
+            sample_logits,
             SamplingBatch.build([r.sampler for r in sampled], self.vocab_size, logits.device),
             return_logprob=want_lp,
             top_logprobs_num=top_k,
@@ -417,6 +432,8 @@ class Engine:
         for i, (req, token) in enumerate(zip(sampled, tokens, strict=True)):
             req.output_ids.append(token)
             req.sampler.observe(token)
+            if req.grammar is not None and not req.grammar.accept(token):
+                raise RuntimeError(f"sampled token {token} the grammar of {req.rid} forbids")
             if req.first_token_time is None:
                 req.first_token_time = now
             if req.logprob.return_logprob:
@@ -440,6 +457,8 @@ class Engine:
             matched = req.detokenizer.update(req.output_ids)
             if matched is not None:
                 return {"type": "stop", "matched": matched}
+        if req.grammar is not None and req.grammar.is_terminated():
+            return {"type": "stop", "matched": None}
         if len(req.output_ids) >= p.max_new_tokens:
             return {"type": "length", "length": p.max_new_tokens}
         if req.fill_len >= self.context_length:

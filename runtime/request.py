@@ -35,6 +35,7 @@ class Req:
     detokenizer: IncrementalDetokenizer
     logprob: LogprobRequest = field(default_factory=LogprobRequest)
     stream: bool = False
+    grammar: Any = None  # GrammarMatcher of a constrained request
     output_ids: list[int] = field(default_factory=list)
     row: int | None = None  # row of req_to_token while it holds KV
     pages: list[int] = field(default_factory=list)  # pages this request owns
