@@ -49,6 +49,9 @@ class EngineConfig:
     grammar_compile_timeout: float = _knob(
         10.0, "seconds a regex / JSON Schema / grammar may take to compile"
     )
+    jump_forward: bool = _knob(
+        True, "append text a grammar forces in one extend step instead of decoding it"
+    )
     random_seed: int = _knob(0, "seed of the engine's shared sampling generator")
     num_threads: int | None = _knob(None, "torch CPU threads (default: torch's choice)")
 

@@ -43,6 +43,11 @@ class IncrementalDetokenizer:
         self.text += delta
         return self._find_stop(old_len)
 
+    def reset(self) -> None:
+        """Forget all output (the ids were rewritten); the next update decodes from the start."""
+        self.text = ""
+        self._prefix_offset = self._read_offset = 0
+
     def flush(self, ids: list[int]) -> None:
         """Release whatever is still held back (the request finished)."""
         rest = self._decode(ids[self._prefix_offset :])

@@ -25,6 +25,7 @@ import torch
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.constrained import GrammarBackend
 from radixflow.runtime.detokenizer import IncrementalDetokenizer
+from radixflow.runtime.jump_forward import jump_forward
 from radixflow.runtime.model_loader import load_checkpoint
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.request import LogprobRequest, Req
@@ -99,6 +100,7 @@ class Engine:
             "cached_tokens": 0,
             "completion_tokens": 0,
             "steps": 0,
+            "jump_forward_tokens": 0,
         }
         self._thread = threading.Thread(target=self._loop, name="radixflow-engine", daemon=True)
         self._thread.start()
@@ -402,7 +404,7 @@ class Engine:
         logits = self.runner.forward(batch)
         for req, n in zip(step.reqs, step.extend_lens, strict=True):
             req.kv_len += n
-            if n > 1:
+            if n > 1 and req.kv_len - n < len(req.prompt_ids):  # a prompt chunk, not a jump
                 self.scheduler.cache_prefill_chunk(req)
         if rows.input_rows:
             self._input_logprobs(step, rows, logits)
@@ -441,6 +443,9 @@ class Engine:
                 if req.logprob.top_logprobs_num:
                     req.output_top_logprobs.append(_top(out.top_logprobs, i, req))
             reason = self._finish_reason(req, token)
+            if reason is None and req.grammar is not None and self.config.jump_forward:
+                self.stats["jump_forward_tokens"] += jump_forward(req, self.tokenizer)
+                reason = self._done_reason(req)
             if reason is not None:
                 self.scheduler.remove(req)
                 self._finish(req, reason)
@@ -457,6 +462,11 @@ class Engine:
             matched = req.detokenizer.update(req.output_ids)
             if matched is not None:
                 return {"type": "stop", "matched": matched}
+        return self._done_reason(req)
+
+    def _done_reason(self, req: Req) -> dict[str, Any] | None:
+        """Finish reason once the grammar is complete or the output or context is full."""
+        p = req.params
         if req.grammar is not None and req.grammar.is_terminated():
             return {"type": "stop", "matched": None}
         if len(req.output_ids) >= p.max_new_tokens:

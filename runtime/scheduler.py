@@ -216,7 +216,8 @@ class Scheduler:
     # -- KV pages ------------------------------------------------------------------------------
     def _pages_needed(self, req: Req, n: int, have: int | None = None) -> int:
         have = len(req.pages) if have is None else have
-        return -(-(req.kv_len + n) // self.pool.page_size) - have
+        # Jump-forward may roll kv_len back, leaving pages that are reused for the new tokens.
+        return max(0, -(-(req.kv_len + n) // self.pool.page_size) - have)
 
     def _alloc_pages(self, n: int) -> list[int] | None:
         """Free pages, evicting cached prefixes first when the pool is short."""

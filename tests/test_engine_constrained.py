@@ -100,3 +100,39 @@ def test_bad_grammar_fails_alone(engine):
         engine.generate("x", {"json_schema": "{not json"})
     thread.join(timeout=60)
     assert done["out"]["meta_info"]["finish_reason"]["type"] == "length"
+
+
+LONG_KEYS = {
+    "type": "object",
+    "properties": {
+        "customer_full_name": {"type": "string", "maxLength": 20},
+        "customer_age_in_years": {"type": "integer", "minimum": 0, "maximum": 120},
+        "customer_is_premium_member": {"type": "boolean"},
+    },
+    "required": ["customer_full_name", "customer_age_in_years", "customer_is_premium_member"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_jump_forward_is_canonical_valid_and_saves_steps(page_size):
+    steps = {}
+    for jump in (False, True):
+        eng = rf.Engine(dtype="bfloat16", jump_forward=jump, page_size=page_size)
+        try:
+            prompt = _chat(eng, "A JSON record for the customer Bob, 42, premium.")
+            outs = eng.generate(
+                [prompt] * 3, {"max_new_tokens": 80, "temperature": 0, "json_schema": LONG_KEYS}
+            )
+            for o in outs:
+                assert o["meta_info"]["finish_reason"]["type"] == "stop"
+                jsonschema.validate(json.loads(o["text"]), LONG_KEYS)
+                if jump:
+                    assert o["output_ids"] == eng.tokenizer.encode(o["text"])
+            steps[jump] = eng.stats["steps"]
+            assert eng.scheduler.cache.protected_size() == 0
+            eng.flush_cache()
+            assert eng.kv_pages_free() == eng.kv_pages_total()
+        finally:
+            eng.shutdown()
+    assert steps[True] <= 0.7 * steps[False]

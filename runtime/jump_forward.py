@@ -1,0 +1,55 @@
+"""Jump-forward decoding: append the text a grammar forces without a decode step per token.
+
+The forced text is joined to the last few output tokens and re-tokenized, so the output ids
+stay what the tokenizer itself gives for the text (canonical tokenization): when the new text
+changes how the tail tokenizes, the changed tail is rolled back (grammar and KV) and replaced.
+The appended tokens are then fed in one extend step, like a prefill chunk.
+"""
+
+from __future__ import annotations
+
+from radixflow.runtime.request import Req
+
+RETOKENIZE_WINDOW = 8  # output tokens re-tokenized together with the forced text
+
+
+def jump_forward(req: Req, tokenizer) -> int:
+    """Extend req.output_ids by its grammar's forced text; returns the net tokens added."""
+    forced = req.grammar.forced_text()
+    if not forced or not req.output_ids:
+        return 0
+    window = min(RETOKENIZE_WINDOW, len(req.output_ids))
+    tail = req.output_ids[-window:]
+    text = tokenizer.decode(tail) + forced
+    if "\ufffd" in text:  # the window starts inside a multi-byte character
+        return 0
+    new = tokenizer.encode(text, add_special_tokens=False)
+    if tokenizer.decode(new) != text:  # e.g. a tokenizer that adds a prefix space
+        return 0
+    keep = 0
+    while keep < min(len(tail), len(new)) and tail[keep] == new[keep]:
+        keep += 1
+    drop = window - keep
+    first_changed = req.fill_len - drop
+    if first_changed < req.cache_len:  # never rewrite KV the radix tree owns
+        return 0
+    room = req.params.max_new_tokens - (len(req.output_ids) - drop)
+    added = new[keep:][:room]
+    if len(added) <= drop:
+        return 0
+    grammar = req.grammar
+    grammar.rollback(drop)
+    for i, token in enumerate(added):
+        if not grammar.accept(token):
+            grammar.rollback(i)
+            for old in tail[keep:]:
+                grammar.accept(old)
+            return 0
+    if drop:
+        del req.output_ids[-drop:]
+        req.detokenizer.reset()
+        req.kv_len = min(req.kv_len, first_changed)
+    req.output_ids.extend(added)
+    for token in added:
+        req.sampler.observe(token)
+    return len(added) - drop
