@@ -9,12 +9,14 @@ generate / async_generate ──inbox──►  admit, abort ─► Scheduler.sc
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import logging
 import queue
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -104,6 +106,7 @@ class Engine:
         }
         self._thread = threading.Thread(target=self._loop, name="radixflow-engine", daemon=True)
         self._thread.start()
+        atexit.register(_shutdown_if_alive, weakref.ref(self))
 
     # -- public API -------------------------------------------------------------------------
     def generate(
@@ -571,7 +574,8 @@ class _LogitRows:
                 )
                 last = min(req.kv_len + n, len(req.prompt_ids) - 1)
                 positions = list(range(first, last))
-                if positions:
+                start_at_zero = req.logprob.logprob_start_len == 0 and not req.input_logprobs
+                if positions or start_at_zero:
                     input_rows.append((i, positions))
                     for pos in positions:
                         input_flat.append(len(indices))
@@ -596,6 +600,12 @@ def _top(
     vals, ids = top_logprobs
     k = req.logprob.top_logprobs_num
     return list(zip(vals[i, :k].tolist(), ids[i, :k].tolist(), strict=True))
+
+
+def _shutdown_if_alive(ref: weakref.ref) -> None:
+    engine = ref()
+    if engine is not None:
+        engine.shutdown()
 
 
 def _eos_ids(checkpoint) -> set[int]:
