@@ -1,0 +1,188 @@
+"""`RuntimeEndpoint`: a backend over SGLang's native HTTP API (our server or an SGLang server).
+
+POST /generate {text | input_ids, sampling_params, return_logprob, logprob_start_len,
+top_logprobs_num, stream}; streaming answers are SSE lines `data: {...}` (cumulative text) and
+`data: [DONE]`. GET /get_model_info names the model, whose tokenizer gives the chat template.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from radixflow.frontend.backend import (
+    Backend,
+    Prompt,
+    RequestError,
+    as_token_logprobs,
+    checked,
+    completion_result,
+    request_options,
+    without_context,
+)
+from radixflow.frontend.chat_template import (
+    PLAIN_TEMPLATE,
+    ChatTemplate,
+    chat_template_from_tokenizer,
+)
+from radixflow.frontend.choices import ChoicesDecision, ChoicesSamplingMethod
+from radixflow.frontend.ir import GenArgs
+
+logger = logging.getLogger(__name__)
+
+_PREFILL_ONLY = {"max_new_tokens": 0}
+
+
+class RuntimeEndpoint(Backend):
+    """`RuntimeEndpoint("http://127.0.0.1:30000")`; `chat_template=` overrides the template
+    otherwise read from the served model's tokenizer (when it can be loaded here)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        chat_template: ChatTemplate | None = None,
+        timeout: float | None = 600.0,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.base_url = base_url.rstrip("/")
+        self.client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+        self.model_info = self._get("/get_model_info")
+        self.chat_template = chat_template or self._load_chat_template()
+
+    # -- HTTP ----------------------------------------------------------------------------------
+    def _get(self, path: str) -> dict[str, Any]:
+        return self._checked_response(self._call(lambda: self.client.get(path)))
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        return self._checked_response(self._call(lambda: self.client.post(path, json=body)))
+
+    def _call(self, send) -> httpx.Response:
+        try:
+            return send()
+        except httpx.HTTPError as exc:
+            raise RequestError(f"cannot reach {self.base_url}: {exc}") from exc
+
+    @staticmethod
+    def _checked_response(resp: httpx.Response) -> Any:
+        if resp.status_code != 200:
+            raise RequestError(f"{resp.request.url} answered {resp.status_code}: {resp.text}")
+        return resp.json() if resp.content else {}
+
+    def _load_chat_template(self) -> ChatTemplate:
+        path = self.model_info.get("tokenizer_path") or self.model_info.get("model_path")
+        if not path:
+            return PLAIN_TEMPLATE
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            logger.warning(
+                "cannot load tokenizer %s here (%s); using the plain template", path, exc
+            )
+            return PLAIN_TEMPLATE
+        return chat_template_from_tokenizer(tokenizer)
+
+    # -- Backend ---------------------------------------------------------------------------
+    def generate(self, prompt: Prompt, args: GenArgs) -> tuple[str | list[str], dict[str, Any]]:
+        out = self._post("/generate", self._body(prompt.text, args))
+        return completion_result(out if isinstance(out, list) else [out])
+
+    def generate_stream(self, prompt: Prompt, args: GenArgs) -> Iterator[tuple[str, dict | None]]:
+        if args.n not in (None, 1):
+            raise RequestError("streaming takes n=1; use fork(n) for several samples")
+        body = {**self._body(prompt.text, args), "stream": True}
+        sent = 0
+        last: dict[str, Any] | None = None
+        with self._call(lambda: self.client.stream("POST", "/generate", json=body)) as resp:
+            if resp.status_code != 200:
+                raise RequestError(f"/generate answered {resp.status_code}: {resp.read().decode()}")
+            for line in resp.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:") :].strip()
+                if data == "[DONE]":
+                    break
+                last = json.loads(data)
+                if "error" in last:
+                    raise RequestError(f"/generate failed while streaming: {last['error']}")
+                text = last["text"]
+                if len(text) > sent:
+                    yield text[sent:], None
+                    sent = len(text)
+        if last is None:
+            raise RequestError("/generate streamed no output")
+        yield "", checked(last)["meta_info"]
+
+    def _body(self, text: str, args: GenArgs) -> dict[str, Any]:
+        body: dict[str, Any] = {"text": text, "sampling_params": args.sampling_params()}
+        body.update(request_options(args))
+        if args.return_text_in_logprobs:
+            body["return_text_in_logprobs"] = True
+        return body
+
+    def select(
+        self, prompt: Prompt, choices: list[str], temperature: float, method: ChoicesSamplingMethod
+    ) -> ChoicesDecision:
+        # The prefix's token count (and its KV, cached for the choices to share).
+        prefix_len = checked(
+            self._post("/generate", {"text": prompt.text, "sampling_params": _PREFILL_ONLY})
+        )["meta_info"]["prompt_tokens"]
+        # Logprobs from the prefix's last token on; a choice that merges with that token
+        # changes it, and then every choice is scored from there (as Runtime does).
+        outs = self._post(
+            "/generate",
+            {
+                "text": [prompt.text] + [prompt.text + c for c in choices],
+                "sampling_params": _PREFILL_ONLY,
+                "return_logprob": True,
+                "logprob_start_len": prefix_len - 1,
+            },
+        )
+        lists = [as_token_logprobs(checked(o)["meta_info"]["input_token_logprobs"]) for o in outs]
+        last_token = lists[0][-1][1]
+        merged = any(tokens[0][1] != last_token for tokens in lists[1:])
+        scored = [tokens if merged else tokens[1:] for tokens in lists[1:]]
+        if any(not tokens for tokens in scored):
+            raise RequestError("a select choice adds no tokens to the prompt")
+        unconditional = None
+        if method.requires_unconditional_logprobs:
+            alone = [[t for _, t, _ in tokens] for tokens in scored]
+            outs = self._post(
+                "/generate",
+                {
+                    "input_ids": alone,
+                    "sampling_params": _PREFILL_ONLY,
+                    "return_logprob": True,
+                    "logprob_start_len": 0,
+                },
+            )
+            unconditional = [
+                without_context(ids, checked(o)["meta_info"]["input_token_logprobs"])
+                for ids, o in zip(alone, outs, strict=True)
+            ]
+        return method(
+            choices=choices, input_token_logprobs=scored, unconditional_token_logprobs=unconditional
+        )
+
+    def cache_prefix(self, text: str) -> None:
+        if text:
+            checked(self._post("/generate", {"text": text, "sampling_params": _PREFILL_ONLY}))
+
+    def flush_cache(self) -> None:
+        self._call(lambda: self.client.post("/flush_cache"))
+
+    def get_server_info(self) -> dict[str, Any]:
+        return self._get("/get_server_info")
+
+    def get_model_info(self) -> dict[str, Any]:
+        return dict(self.model_info)
+
+    def shutdown(self) -> None:
+        self.client.close()

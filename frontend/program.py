@@ -1,0 +1,255 @@
+"""`@function`: a program, with `.run`, `.run_batch`, `.bind` and `.trace`."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from radixflow.frontend.backend import Backend
+from radixflow.frontend.interpreter import ProgramError, ProgramState, StreamExecutor, body_site
+from radixflow.frontend.ir import GenArgs
+
+logger = logging.getLogger(__name__)
+
+_default_backend: Backend | None = None
+
+
+def set_default_backend(backend: Backend) -> None:
+    """The backend programs use when `run` gets none."""
+    global _default_backend
+    if not isinstance(backend, Backend):
+        raise ValueError(f"set_default_backend takes a backend, got {type(backend).__name__}")
+    _default_backend = backend
+
+
+def get_default_backend() -> Backend | None:
+    return _default_backend
+
+
+def resolve_backend(backend: Backend | None) -> Backend:
+    backend = backend or _default_backend
+    if backend is None:
+        raise ValueError(
+            "no backend: call rf.set_default_backend(rf.Runtime()) or pass backend=..."
+        )
+    return backend
+
+
+class SglFunction:
+    """A generation program: a Python function whose first argument is the state `s`."""
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        num_api_spec_tokens: int | None = None,
+        bind_arguments: dict[str, Any] | None = None,
+    ) -> None:
+        params = list(inspect.signature(func).parameters.values())
+        if not params:
+            raise ValueError(f"program {func.__name__} must take the state as its first argument")
+        self.func = func
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.bind_arguments = dict(bind_arguments or {})
+        variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        self.arg_names = [p.name for p in params[1:] if p.kind not in variadic]
+        self._accepts_var_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
+        functools.update_wrapper(self, func)
+
+    def bind(self, **kwargs: Any) -> SglFunction:
+        """A copy with some arguments fixed."""
+        unknown = [k for k in kwargs if k not in self.arg_names and not self._accepts_var_kwargs]
+        if unknown:
+            raise ValueError(f"{self.func.__name__} has no argument(s) {', '.join(unknown)}")
+        return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
+
+    def _arguments(self, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if len(args) > len(self.arg_names):
+            raise ValueError(
+                f"{self.func.__name__} takes {len(self.arg_names)} argument(s) after s, "
+                f"got {len(args)}"
+            )
+        return {**self.bind_arguments, **dict(zip(self.arg_names, args, strict=False)), **kwargs}
+
+    def run(
+        self,
+        *args: Any,
+        max_new_tokens: int = 128,
+        stop: str | list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        ignore_eos: bool = False,
+        return_logprob: bool | None = None,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool | None = None,
+        stream: bool = False,
+        backend: Backend | None = None,
+        **kwargs: Any,
+    ) -> ProgramState:
+        """Run the program once; the keyword sampling knobs are defaults for its `gen` calls.
+
+        Raises ProgramError (naming the program line) if it fails. With stream=True it
+        returns at once; read `state.text_iter()`, which raises at the end if it failed.
+        """
+        defaults = GenArgs(
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            stop_token_ids=stop_token_ids,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            ignore_eos=ignore_eos,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs,
+        )
+        arguments = self._arguments(args, kwargs)
+        state = ProgramState(StreamExecutor(resolve_backend(backend), defaults, stream))
+        if stream:
+            threading.Thread(
+                target=self._execute, args=(state, arguments), name="radixflow-program", daemon=True
+            ).start()
+            return state
+        self._execute(state, arguments)
+        if state.error() is not None:
+            raise state.error()
+        return state
+
+    def _execute(self, state: ProgramState, arguments: dict[str, Any]) -> None:
+        """Run the body; any failure ends up in state.error(). The state is ended either way."""
+        executor = state.stream_executor
+        try:
+            self.func(state, **arguments)
+        except ProgramError as exc:
+            executor.fail(exc)
+        except Exception as exc:
+            error = ProgramError(
+                f"program {self.func.__name__} raised {type(exc).__name__}: {exc}",
+                body_site(exc, self.func),
+            )
+            error.__cause__ = exc
+            executor.fail(error)
+        finally:
+            executor.end()
+            executor.wait_done()
+
+    def run_batch(
+        self,
+        batch_kwargs: list[dict[str, Any]],
+        *,
+        max_new_tokens: int = 128,
+        stop: str | list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        ignore_eos: bool = False,
+        return_logprob: bool | None = None,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool | None = None,
+        backend: Backend | None = None,
+        num_threads: int | str = "auto",
+        progress_bar: bool = False,
+        generator_style: bool = False,
+    ) -> list[ProgramState] | Iterator[ProgramState]:
+        """Run the program on each kwargs dict concurrently; states come back in input order.
+
+        A failing program does not stop the others: its state has `.error()` set. Before the
+        batch, the program's constant prefix (found by tracing) is computed once and cached.
+        """
+        if not isinstance(batch_kwargs, list) or not all(isinstance(k, dict) for k in batch_kwargs):
+            raise ValueError("run_batch takes a list of keyword-argument dicts")
+        backend = resolve_backend(backend)
+        sampling = dict(
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            stop_token_ids=stop_token_ids,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            ignore_eos=ignore_eos,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs,
+        )
+        defaults = GenArgs(**sampling)
+        if num_threads == "auto":
+            num_threads = max(64, (os.cpu_count() or 1) * 16)
+        if not isinstance(num_threads, int) or num_threads < 1:
+            raise ValueError(
+                f"num_threads must be 'auto' or a positive integer, got {num_threads!r}"
+            )
+        num_threads = max(1, min(num_threads, len(batch_kwargs)))
+        if len(batch_kwargs) > 1:
+            prefix = self.trace(backend=backend).prefix
+            if prefix:
+                backend.cache_prefix(prefix)
+
+        def one(kw: dict[str, Any]) -> ProgramState:
+            state = ProgramState(StreamExecutor(backend, defaults))
+            self._execute(state, self._arguments((), kw))
+            return state
+
+        def run_all() -> Iterator[ProgramState]:
+            with ThreadPoolExecutor(num_threads) as pool:
+                futures = [pool.submit(one, kw) for kw in batch_kwargs]
+                with tqdm(total=len(futures), disable=not progress_bar) as bar:
+                    if generator_style:
+                        for f in futures:
+                            yield f.result()
+                            bar.update(1)
+                        return
+                    for _ in as_completed(futures):
+                        bar.update(1)
+                states = [f.result() for f in futures]
+            failed = sum(s.error() is not None for s in states)
+            if failed:
+                logger.warning("%d of %d programs failed; see state.error()", failed, len(states))
+            yield from states
+
+        return run_all() if generator_style else list(run_all())
+
+    def trace(self, *, backend: Backend | None = None, **kwargs: Any):
+        """Run the body symbolically and return its program graph (a ProgramTrace)."""
+        from radixflow.frontend.tracer import trace_program
+
+        backend = backend or _default_backend
+        template = backend.chat_template if backend is not None else None
+        return trace_program(self, {**self.bind_arguments, **kwargs}, template)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ProgramState:
+        return self.run(*args, **kwargs)
+
+
+def function(
+    func: Callable[..., Any] | None = None, num_api_spec_tokens: int | None = None
+) -> SglFunction | Callable[[Callable[..., Any]], SglFunction]:
+    """Decorator: `@function` or `@function(num_api_spec_tokens=...)` makes a program."""
+    if func is not None:
+        return SglFunction(func, num_api_spec_tokens)
+    return lambda f: SglFunction(f, num_api_spec_tokens)

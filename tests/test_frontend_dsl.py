@@ -1,0 +1,389 @@
+"""The DSL's interpreter on a scripted backend (no model): state, roles, forks, errors, tracing."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import radixflow as rf
+from radixflow.frontend.backend import Backend, Prompt, RequestError
+from radixflow.frontend.chat_template import PLAIN_TEMPLATE, ChatTemplate
+from radixflow.frontend.choices import ChoicesSamplingMethod
+from radixflow.frontend.ir import REGEX_INT, GenArgs
+
+
+class ScriptedBackend(Backend):
+    """gen answers `reply(prompt, args)`; select scores a choice by -len (shortest wins)."""
+
+    def __init__(self, reply=None, template: ChatTemplate = PLAIN_TEMPLATE) -> None:
+        self.chat_template = template
+        self.reply = reply or (lambda prompt, args: f"<{len(prompt.text)}>")
+        self.calls: list[tuple[str, GenArgs]] = []
+        self.cached: list[str] = []
+        self.lock = threading.Lock()
+
+    def generate(self, prompt: Prompt, args: GenArgs):
+        with self.lock:
+            self.calls.append((prompt.text, args))
+        if args.temperature is not None and args.temperature < 0:
+            raise RequestError("temperature must be >= 0")
+        text = self.reply(prompt, args)
+        if args.n and args.n > 1:
+            return [text] * args.n, {"n": args.n}
+        return text, {"prompt_tokens": len(prompt.text), "args": args}
+
+    def generate_stream(self, prompt: Prompt, args: GenArgs):
+        text, meta = self.generate(prompt, args)
+        for ch in text:
+            yield ch, None
+        yield "", meta
+
+    def select(self, prompt, choices, temperature, method: ChoicesSamplingMethod):
+        scored = [[(-float(len(c)), i, c)] for i, c in enumerate(choices)]
+        return method(
+            choices=choices, input_token_logprobs=scored, unconditional_token_logprobs=scored
+        )
+
+    def cache_prefix(self, text: str) -> None:
+        self.cached.append(text)
+
+    def flush_cache(self) -> None:
+        self.cached.clear()
+
+    def get_server_info(self):
+        return {"calls": len(self.calls)}
+
+    def shutdown(self) -> None:
+        pass
+
+
+@pytest.fixture
+def backend():
+    b = ScriptedBackend()
+    rf.set_default_backend(b)
+    return b
+
+
+def test_gen_appends_and_stores(backend):
+    @rf.function
+    def prog(s, x):
+        s += "Q: " + x + "\nA:" + rf.gen("a", max_tokens=5, stop="\n")
+        s += " then" + rf.gen("b")
+
+    state = prog.run("hi", temperature=0.5)
+    assert state["a"] == "<8>"
+    assert state.text() == "Q: hi\nA:<8> then<16>"
+    assert state["b"] == "<16>"
+    args = backend.calls[0][1]
+    # gen's own knobs win; unset ones come from run()
+    assert (args.max_new_tokens, args.stop, args.temperature) == (5, "\n", 0.5)
+    assert backend.calls[1][1].max_new_tokens == 128
+    assert state.get_meta_info("a")["prompt_tokens"] == 8
+
+
+def test_sampling_params_mapping():
+    args = rf.gen("x", max_tokens=3, min_tokens=1, top_k=5, dtype=int).args
+    assert args.sampling_params() == {
+        "max_new_tokens": 3,
+        "min_new_tokens": 1,
+        "top_k": 5,
+        "regex": REGEX_INT,
+    }
+    assert rf.gen_string("s").args.sampling_params()["regex"].startswith('\\"')
+    assert rf.gen("j", json_schema={"type": "object"}).args.sampling_params()["json_schema"] == {
+        "type": "object"
+    }
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"regex": "(unclosed"}, "not a valid regex"),
+        ({"dtype": int, "regex": "[0-9]+"}, "either dtype"),
+        ({"regex": "a", "json_schema": "{}"}, "at most one constraint"),
+        ({"dtype": list}, "dtype must be"),
+    ],
+)
+def test_gen_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        rf.gen("x", **kwargs)
+
+
+def test_select_and_choices(backend):
+    @rf.function
+    def prog(s):
+        s += "Pick: " + rf.select("c", ["long one", "b", "mid"])
+        s += " " + rf.gen("d", choices=["xx", "y"])
+
+    state = prog.run()
+    assert (state["c"], state["d"]) == ("b", "y")
+    assert state.text() == "Pick: b y"
+    assert state.get_meta_info("c")["normalized_prompt_logprobs"] == [-8.0, -1.0, -3.0]
+    with pytest.raises(ValueError, match="non-empty"):
+        rf.select("x", [])
+
+
+def test_choice_methods_match_their_definitions():
+    choices = ["a", "b", "c"]
+    scored = [
+        [(-1.0, 1, None), (-3.0, 2, None)],  # mean -2.0
+        [(-0.5, 3, None)],  # mean -0.5
+        [(-1.0, 4, None), (-0.1, 5, None), (-0.1, 6, None)],  # mean -0.4
+    ]
+    lengths = rf.token_length_normalized(choices=choices, input_token_logprobs=scored)
+    assert lengths.decision == "c"
+    # greedy: position 0 best is b (-0.5); it is alone, so b wins
+    greedy = rf.greedy_token_selection(choices=choices, input_token_logprobs=scored)
+    assert greedy.decision == "b"
+    # a tie at position 0 goes on to position 1 (b padded with its mean)
+    tie = [
+        [(-1.0, 1, None), (-2.0, 2, None)],
+        [(-1.0, 3, None)],
+        [(-1.0, 4, None), (-1.5, 5, None)],
+    ]
+    assert rf.greedy_token_selection(choices=choices, input_token_logprobs=tie).decision == "b"
+    uncond = [
+        [(None, 1, None), (-0.5, 2, None)],  # diff mean: (-1 - 0 + -3 + 0.5) / 2 = -1.75
+        [(None, 3, None)],  # diff -0.5
+        [(None, 4, None), (-3.0, 5, None), (-3.0, 6, None)],  # (-1 + 2.9 + 2.9) / 3 = 1.6
+    ]
+    decision = rf.unconditional_likelihood_normalized(
+        choices=choices, input_token_logprobs=scored, unconditional_token_logprobs=uncond
+    )
+    assert decision.decision == "c"
+    assert decision.meta_info["normalized_unconditional_prompt_logprobs"] == pytest.approx(
+        [-1.75, -0.5, 1.6]
+    )
+
+
+def test_roles_build_text_and_messages(backend):
+    template = ChatTemplate(
+        "t",
+        {"system": ("<s>", "</s>"), "user": ("<u>", "</u>"), "assistant": ("<a>", "</a>")},
+        first_prefix={"user": "<s>default</s><u>"},
+    )
+    backend.chat_template = template
+
+    @rf.function
+    def chat(s):
+        s += rf.user("hi")
+        s += rf.assistant(rf.gen("r1"))
+        with s.user():
+            s += "more"
+        s += rf.assistant_begin() + rf.gen("r2") + rf.assistant_end()
+
+    state = chat.run()
+    assert state.text() == "<s>default</s><u>hi</u><a><26></a><u>more</u><a><48></a>"
+    assert state.messages() == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "<26>"},
+        {"role": "user", "content": "more"},
+        {"role": "assistant", "content": "<48>"},
+    ]
+
+
+def test_chat_template_matches_apply_chat_template():
+    transformers = pytest.importorskip("transformers")
+    from radixflow.frontend.chat_template import chat_template_from_tokenizer
+    from radixflow.runtime.model_loader import resolve_model_dir
+
+    tok = transformers.AutoTokenizer.from_pretrained(resolve_model_dir(None))
+    template = chat_template_from_tokenizer(tok)
+    b = ScriptedBackend(template=template)
+
+    @rf.function
+    def chat(s, with_system):
+        if with_system:
+            s += rf.system("Be brief.")
+        s += rf.user("Hello")
+        s += rf.assistant(rf.gen("a"))
+        s += rf.user("Bye")
+
+    for with_system in (True, False):
+        state = chat.run(with_system, backend=b)
+        assert state.text() == tok.apply_chat_template(state.messages(), tokenize=False)
+    gen_prompt = tok.apply_chat_template(
+        state.messages(), tokenize=False, add_generation_prompt=True
+    )
+    assert gen_prompt == state.text() + template.role_prefix_and_suffix["assistant"][0]
+
+
+def test_fork_gather_and_concat(backend):
+    @rf.function
+    def prog(s):
+        s += "root:"
+        forks = s.fork(3)
+        forks += lambda i: f"[{i}]" + rf.gen("g")
+        forks.join()
+        s += "|"
+        forks = s.fork(2)
+        forks += rf.gen("h")
+        forks.join(mode="concate_and_append")
+
+    state = prog.run()
+    assert state["g"] == ["<8>", "<8>", "<8>"]
+    assert state.text() == "root:|<6><6>"
+    assert backend.cached == ["root:", "root:|"]  # each fork's prefix computed once
+
+
+def test_forks_run_concurrently():
+    barrier = threading.Barrier(3, timeout=5)
+
+    def reply(prompt, args):
+        barrier.wait()  # deadlocks (and times out) unless all three calls are in flight at once
+        return "ok"
+
+    b = ScriptedBackend(reply)
+
+    @rf.function
+    def prog(s):
+        forks = s.fork(3)
+        forks += rf.gen("x")
+        forks.join()
+
+    assert prog.run(backend=b)["x"] == ["ok"] * 3
+
+
+def test_var_scope_bind_and_set_var(backend):
+    @rf.function
+    def prog(s, a, b="B"):
+        with s.var_scope("scoped"):
+            s += a + b + rf.gen("x")
+        s["manual"] = 42
+
+    state = prog.bind(b="b").run("a")
+    assert state["scoped"] == "ab<2>"
+    assert state["manual"] == 42 and "manual" in state
+    with pytest.raises(ValueError, match="no argument"):
+        prog.bind(c=1)
+
+
+def test_n_samples_store_a_list(backend):
+    @rf.function
+    def prog(s):
+        s += "x" + rf.gen("many", n=3)
+
+    state = prog.run()
+    assert state["many"] == ["<1>"] * 3 and state.text() == "x<1>"
+
+
+def test_stream_increments_concatenate(backend):
+    @rf.function
+    def prog(s):
+        s += "Q" + rf.gen("a") + "R" + rf.gen("b")
+
+    state = prog.run(stream=True)
+    chunks = list(state.text_iter())
+    assert len(chunks) > 4 and "".join(chunks) == state.text()
+    state = prog.run(stream=True)
+    assert "".join(state.text_iter("b")) == state["b"] == "<5>"
+
+
+async def test_async_iteration(backend):
+    @rf.function
+    def prog(s):
+        s += "Q" + rf.gen("a")
+
+    state = prog.run(stream=True)
+    chunks = [c async for c in state.text_async_iter("a")]
+    assert "".join(chunks) == "<1>"
+    state = prog.run(stream=True)
+    assert "".join([c async for c in state]) == "Q<1>"
+
+
+def test_program_exception_names_its_line(backend):
+    @rf.function
+    def prog(s):
+        s += "x" + rf.gen("a")
+        if s["a"]:
+            raise KeyError("boom")  # the failing line
+
+    with pytest.raises(rf.ProgramError, match="the failing line") as info:
+        prog.run()
+    assert isinstance(info.value.__cause__, KeyError)
+    assert "test_frontend_dsl.py" in str(info.value)
+
+
+def test_failed_request_surfaces_and_skips_the_rest(backend):
+    @rf.function
+    def prog(s):
+        s += rf.gen("a", temperature=-1)  # rejected by the backend
+        s += rf.gen("b")
+
+    with pytest.raises(rf.ProgramError, match="temperature must be") as info:
+        prog.run()
+    assert 'rf.gen("a", temperature=-1)' in str(info.value)
+    assert len(backend.calls) == 1  # b never ran
+
+
+def test_run_batch_keeps_order_and_isolates_failures(backend):
+    @rf.function
+    def prog(s, i):
+        if i == 2:
+            raise ValueError("bad input")
+        s += "n" * i + rf.gen("x")
+
+    states = prog.run_batch([{"i": i} for i in range(5)], progress_bar=False)
+    assert [s.error() is None for s in states] == [True, True, False, True, True]
+    assert [states[i]["x"] for i in (0, 1, 3, 4)] == ["<0>", "<1>", "<3>", "<4>"]
+    assert "bad input" in str(states[2].error())
+    gen_states = list(prog.run_batch([{"i": 1}, {"i": 3}], generator_style=True))
+    assert [s["x"] for s in gen_states] == ["<1>", "<3>"]
+
+
+def test_a_failing_state_does_not_hang_others(backend):
+    slow = ScriptedBackend(lambda p, a: time.sleep(0.05) or "ok")
+
+    @rf.function
+    def prog(s, fail):
+        s += rf.gen("a", temperature=-1 if fail else 0)
+        s += rf.gen("b")
+
+    states = prog.run_batch([{"fail": f} for f in (True, False, True, False)], backend=slow)
+    assert [s.error() is not None for s in states] == [True, False, True, False]
+    assert states[1]["b"] == "ok"
+    with pytest.raises(rf.ProgramError):
+        states[0]["b"]
+
+
+def test_trace_finds_the_constant_prefix(backend):
+    @rf.function
+    def prog(s, question):
+        s += rf.system("Answer briefly.")
+        s += "Examples: 1+1=2.\n"
+        s += rf.user("Q: " + question)
+        s += rf.assistant(rf.gen("answer"))
+        if s["answer"].startswith("4"):
+            s += "done"
+
+    trace = prog.trace()
+    kinds = [n.kind for n in trace.nodes]
+    assert kinds[:5] == ["role_begin", "text", "role_end", "text", "role_begin"]
+    assert "arg" in kinds and "gen" in kinds
+    assert trace.prefix == "System: Answer briefly.\n\nExamples: 1+1=2.\nUser: Q: "
+    assert trace.stopped
+    prog.run_batch([{"question": "a"}, {"question": "b"}])
+    assert backend.cached[0] == trace.prefix
+
+
+def test_no_backend_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr("radixflow.frontend.program._default_backend", None)
+
+    @rf.function
+    def prog(s):
+        s += "x"
+
+    with pytest.raises(ValueError, match="set_default_backend"):
+        prog.run()
+
+
+def test_trace_uses_defaults_and_given_arguments(backend):
+    @rf.function
+    def prog(s, topic, style="briefly"):
+        s += "Explain " + style + " " + topic + ":" + rf.gen("x")
+
+    assert prog.trace().prefix == "Explain briefly "
+    assert prog.trace(topic="tides").prefix == "Explain briefly tides:"
+    assert prog.bind(style="slowly").trace().prefix == "Explain slowly "
