@@ -1,10 +1,10 @@
 """Constrained decoding: regexes, JSON Schemas, Lark/GBNF grammars and choice lists as token masks.
 
-    compiler = GrammarCompiler(tokenizer)
-    grammar = compiler.compile_json_schema({"type": "object", ...})
-    m = grammar.matcher()
-    bitmask = allocate_token_bitmask(batch, compiler.vocab_size)
-    m.fill_mask(bitmask[i]); ...; m.accept(token_id)
+compiler = GrammarCompiler(tokenizer)
+grammar = compiler.compile_json_schema({"type": "object", ...})
+m = grammar.matcher()
+bitmask = allocate_token_bitmask(batch, compiler.vocab_size)
+m.fill_mask(bitmask[i]); ...; m.accept(token_id)
 """
 
 from .compiler import GrammarCompiler

@@ -1,0 +1,52 @@
+"""Byte automata the matcher walks: a regex DFA, and the protocol grammar automata follow.
+
+An automaton has int states (-1 = dead), an `initial` state, `row(s)` (int32[256] successors),
+`step_many(states, bytes)` (vectorized successors, computing missing rows on the way) and
+`is_accepting(s)`. States are immutable facts about the remaining language, so masks and
+forced text are cached per state.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol
+
+import numpy as np
+
+from .nfa import NFA, Deadline, LazyDFA
+
+
+class ByteAutomaton(Protocol):
+    initial: int
+    lock: threading.RLock
+
+    def row(self, state: int) -> np.ndarray: ...
+
+    def step_many(self, states: np.ndarray, data: np.ndarray) -> np.ndarray: ...
+
+    def is_accepting(self, state: int) -> bool: ...
+
+
+class RegexAutomaton:
+    """Lazy DFA over the bytes of the strings a regex IR matches."""
+
+    def __init__(self, ir, deadline: Deadline | None = None):
+        nfa = NFA(deadline)
+        final = nfa.new_state()
+        nfa.tags[final] = 0
+        start = nfa.add(ir, final)
+        self._final = final
+        self.dfa = LazyDFA(nfa)
+        self.initial = self.dfa.intern([start])
+        if self.initial < 0:
+            raise ValueError("the grammar matches no text")
+        self.lock = threading.RLock()
+
+    def row(self, state: int) -> np.ndarray:
+        return self.dfa.row(state)
+
+    def step_many(self, states: np.ndarray, data: np.ndarray) -> np.ndarray:
+        return self.dfa.step_many(states, data)
+
+    def is_accepting(self, state: int) -> bool:
+        return self._final in self.dfa.sets[state]

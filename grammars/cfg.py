@@ -1,0 +1,351 @@
+"""Context-free grammars: BNF form, an incremental Earley parser, and the byte automaton over both.
+
+Semantics: terminals are regular languages (regex IR) substituted into the context-free
+rules, and the text may be split into terminals in any way the rules allow (no longest-match
+lexing, no terminal priorities); `%ignore` terminals may appear between any two terminals.
+This is Lark's Earley parser with `lexer='dynamic_complete'`. Ambiguous grammars are fine.
+
+The byte automaton's state is a set of (Earley set, lexer DFA state, at_boundary) triples:
+reading a byte steps every lexer state; when a lexer state accepts a terminal the parser
+may scan it, which starts a fresh lexeme restricted to the terminals the new Earley set
+expects. Sets are interned to ints, so the trie walk in `masks` works unchanged, and rows
+are built lazily like the regex DFA's.
+
+    Earley set: items (rule, dot, origin set); `waiting[symbol]` -> items before that symbol
+    root --scan(t1)--> set1 --scan(t2)--> set2 ...   (each scan cached on the set)
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .nfa import NFA, Deadline, LazyDFA
+from .regex_ir import Alt, Chars, Ref, Repeat, Seq
+
+
+@dataclass
+class BNF:
+    """Rules over terminals (regex IR, by index) and nonterminals (by name)."""
+
+    terminals: list = field(default_factory=list)
+    rules: list[tuple[str, tuple]] = field(default_factory=list)  # (lhs, symbols)
+    start: str = "start"
+    ignore: list[int] = field(default_factory=list)
+
+
+def nullable_ir(node) -> bool:
+    if isinstance(node, Chars):
+        return False
+    if isinstance(node, Seq):
+        return all(nullable_ir(i) for i in node.items)
+    if isinstance(node, Alt):
+        return any(nullable_ir(i) for i in node.items)
+    if isinstance(node, Repeat):
+        return node.lo == 0 or nullable_ir(node.item)
+    raise ValueError(f"not a regex IR node: {node!r}")
+
+
+def _has_ref(node, memo: dict) -> bool:
+    key = id(node)
+    if key not in memo:
+        if isinstance(node, Ref):
+            memo[key] = True
+        elif isinstance(node, (Seq, Alt)):
+            memo[key] = any(_has_ref(i, memo) for i in node.items)
+        elif isinstance(node, Repeat):
+            memo[key] = _has_ref(node.item, memo)
+        else:
+            memo[key] = False
+    return memo[key]
+
+
+class _EbnfLowering:
+    def __init__(self, bnf: BNF):
+        self.bnf = bnf
+        self.memo: dict = {}
+        self.symbols: dict[int, object] = {}
+        self.keep: list = []
+        self.count = 0
+
+    def fresh(self) -> str:
+        self.count += 1
+        return f"__aux{self.count}"
+
+    def terminal(self, node) -> object:
+        """A symbol for a Ref-free IR node (nullable ones get an epsilon alternative)."""
+        index = len(self.bnf.terminals)
+        self.bnf.terminals.append(node)
+        if not nullable_ir(node):
+            return index
+        name = self.fresh()
+        self.bnf.rules += [(name, ()), (name, (index,))]
+        return name
+
+    def symbol(self, node) -> object:
+        key = id(node)
+        if key in self.symbols:
+            return self.symbols[key]
+        self.keep.append(node)
+        if isinstance(node, Ref):
+            sym = node.name
+        elif not _has_ref(node, self.memo):
+            sym = self.terminal(node)
+        else:
+            sym = self.fresh()
+            for alt_syms in self.alternatives(node):
+                self.bnf.rules.append((sym, alt_syms))
+        self.symbols[key] = sym
+        return sym
+
+    def sequence(self, items) -> tuple:
+        out, run = [], []
+        for item in items:
+            if _has_ref(item, self.memo):
+                if run:
+                    out.append(
+                        self.symbol(Seq(tuple(run))) if len(run) > 1 else self.symbol(run[0])
+                    )
+                    run = []
+                out.append(self.symbol(item))
+            else:
+                run.append(item)
+        if run:
+            out.append(self.symbol(Seq(tuple(run))) if len(run) > 1 else self.symbol(run[0]))
+        return tuple(out)
+
+    def alternatives(self, node) -> list[tuple]:
+        if isinstance(node, Alt):
+            return [self.sequence([i]) for i in node.items]
+        if isinstance(node, Seq):
+            return [self.sequence(node.items)]
+        if isinstance(node, Repeat):
+            item = self.symbol(node.item)
+            if node.hi is None:
+                loop = self.fresh()
+                self.bnf.rules += [(loop, ()), (loop, (loop, item))]
+                return [(item,) * node.lo + (loop,)]
+            return [(item,) * n for n in range(node.lo, node.hi + 1)]
+        return [(self.symbol(node),)]
+
+
+def bnf_from_ebnf(defs: dict, start: str) -> BNF:
+    """Lower {name: IR with Refs} to BNF; maximal Ref-free subtrees become terminals."""
+    bnf = BNF(start=start)
+    low = _EbnfLowering(bnf)
+    for name, node in defs.items():
+        for syms in low.alternatives(node) if _has_ref(node, low.memo) else [(low.symbol(node),)]:
+            bnf.rules.append((name, syms))
+    return bnf
+
+
+class EarleySet:
+    """One Earley item set, immutable once built."""
+
+    __slots__ = ("waiting", "expected", "accepting", "next")
+
+    def __init__(self):
+        self.waiting: dict[int, list[tuple]] = {}
+        self.expected: frozenset[int] = frozenset()
+        self.accepting = False
+        self.next: dict[int, EarleySet | None] = {}
+
+
+class EarleyParser:
+    """Rules as ints: terminals 0..T-1, nonterminals T.. ; rule 0 is `S' -> start`."""
+
+    def __init__(self, bnf: BNF, num_terminals: int, deadline: Deadline):
+        names = list(dict.fromkeys([bnf.start] + [lhs for lhs, _ in bnf.rules]))
+        nt = {n: num_terminals + i for i, n in enumerate(names)}
+        for _lhs, syms in bnf.rules:
+            for s in syms:
+                if isinstance(s, str) and s not in nt:
+                    raise ValueError(f"grammar uses undefined rule {s!r}")
+        rules = [(nt[lhs], tuple(nt[s] if isinstance(s, str) else s for s in syms))
+                 for lhs, syms in bnf.rules]  # fmt: skip
+        self.T = num_terminals
+        rules = self._productive(rules, deadline)
+        if not any(lhs == nt[bnf.start] for lhs, _ in rules):
+            raise ValueError(f"start rule {bnf.start!r} derives no finite text")
+        self.rules = [(-1, (nt[bnf.start],))] + rules
+        self.by_lhs: dict[int, list[int]] = {}
+        for i, (lhs, _) in enumerate(self.rules):
+            self.by_lhs.setdefault(lhs, []).append(i)
+        self.nullable = self._nullable()
+        self._interned: dict[frozenset, EarleySet] = {}
+        self.root = self._closure([(0, 0, None)])
+
+    def _productive(self, rules, deadline: Deadline):
+        good: set[int] = set()
+        changed = True
+        while changed:
+            deadline.check()
+            changed = False
+            for lhs, rhs in rules:
+                if lhs not in good and all(s < self.T or s in good for s in rhs):
+                    good.add(lhs)
+                    changed = True
+        return [(lhs, rhs) for lhs, rhs in rules if all(s < self.T or s in good for s in rhs)]
+
+    def _nullable(self) -> set[int]:
+        out: set[int] = set()
+        changed = True
+        while changed:
+            changed = False
+            for lhs, rhs in self.rules:
+                if lhs not in out and all(s in out for s in rhs):
+                    out.add(lhs)
+                    changed = True
+        return out
+
+    def _closure(self, seeds: list[tuple]) -> EarleySet:
+        # Sets are interned by their seed items: different lexings that reach the same
+        # items (e.g. NAME+ split anywhere) share one set, so the state space stays small.
+        key = frozenset(seeds)
+        got = self._interned.get(key)
+        if got is not None:
+            return got
+        node = self._interned[key] = EarleySet()
+        seen: set[tuple] = set()
+        agenda = [(r, d, node if o is None else o) for r, d, o in seeds]
+        rules, by_lhs, nullable, T = self.rules, self.by_lhs, self.nullable, self.T
+        waiting = node.waiting
+        expected = set()
+        while agenda:
+            item = agenda.pop()
+            if item in seen:
+                continue
+            seen.add(item)
+            r, d, origin = item
+            rhs = rules[r][1]
+            if d < len(rhs):
+                sym = rhs[d]
+                waiting.setdefault(sym, []).append(item)
+                if sym < T:
+                    expected.add(sym)
+                else:
+                    agenda.extend((r2, 0, node) for r2 in by_lhs.get(sym, ()))
+                    if sym in nullable:
+                        agenda.append((r, d + 1, origin))
+            elif r == 0:
+                node.accepting = True
+            elif origin is not node:
+                lhs = rules[r][0]
+                agenda.extend((r2, d2 + 1, o2) for r2, d2, o2 in origin.waiting.get(lhs, ()))
+        node.expected = frozenset(expected)
+        return node
+
+    def scan(self, node: EarleySet, terminal: int) -> EarleySet | None:
+        """The Earley set after `terminal`, or None when the parser cannot take it."""
+        if terminal in node.next:
+            return node.next[terminal]
+        items = node.waiting.get(terminal)
+        nxt = self._closure([(r, d + 1, o) for r, d, o in items]) if items else None
+        if nxt is not None and not nxt.expected and not nxt.accepting:
+            nxt = None
+        node.next[terminal] = nxt
+        return nxt
+
+
+class GrammarAutomaton:
+    """Lazy byte automaton of a BNF grammar (see module docstring)."""
+
+    def __init__(self, bnf: BNF, deadline: Deadline | None = None):
+        deadline = deadline or Deadline(None)
+        nfa = NFA(deadline)
+        self._starts = []
+        for t, node in enumerate(bnf.terminals):
+            final = nfa.new_state()
+            nfa.tags[final] = t
+            self._starts.append(nfa.add(node, final))
+        self.lexer = LazyDFA(nfa)
+        self.parser = EarleyParser(bnf, len(bnf.terminals), deadline)
+        self.ignore = frozenset(bnf.ignore)
+        self._lex_start: dict[frozenset, int] = {}
+        self._expand: dict[tuple, frozenset] = {}
+        self.sets: list[frozenset] = []
+        self._ids: dict[frozenset, int] = {}
+        self.table = np.full((16, 256), -1, dtype=np.int32)
+        self.done = np.zeros(16, dtype=bool)
+        self.lock = threading.RLock()
+        self.initial = self._intern(self._fresh(self.parser.root))
+        if self.initial < 0:
+            raise ValueError("grammar matches no text")
+
+    def lex_start(self, node: EarleySet) -> int:
+        key = node.expected | self.ignore
+        got = self._lex_start.get(key)
+        if got is None:
+            got = self._lex_start[key] = self.lexer.intern([self._starts[t] for t in key])
+        return got
+
+    def _fresh(self, node: EarleySet) -> frozenset:
+        lex = self.lex_start(node)
+        if lex < 0 and not node.accepting:
+            return frozenset()
+        return frozenset([(node, lex, True)])
+
+    def _intern(self, elems: frozenset) -> int:
+        if not elems:
+            return -1
+        got = self._ids.get(elems)
+        if got is None:
+            got = self._ids[elems] = len(self.sets)
+            self.sets.append(elems)
+            if got >= self.table.shape[0]:
+                grow = self.table.shape[0]
+                self.table = np.vstack([self.table, np.full((grow, 256), -1, dtype=np.int32)])
+                self.done = np.concatenate([self.done, np.zeros(grow, dtype=bool)])
+        return got
+
+    def _successors(self, node: EarleySet, lex: int) -> frozenset:
+        """Elements after the lexer reached `lex` (live) from `node`'s lexeme start."""
+        key = (node, lex)
+        got = self._expand.get(key)
+        if got is None:
+            out = {(node, lex, False)}
+            for t in self.lexer.tags(lex):
+                if t in self.ignore:
+                    out |= self._fresh(node)
+                if t in node.expected:
+                    nxt = self.parser.scan(node, t)
+                    if nxt is not None:
+                        out |= self._fresh(nxt)
+            got = self._expand[key] = frozenset(out)
+        return got
+
+    def _compute_row(self, state: int) -> None:
+        codes, succ_sets = [], []
+        for node, lex, _ in self.sets[state]:
+            if lex < 0:
+                continue
+            row = self.lexer.row(lex)
+            code = np.full(256, -1, dtype=np.int64)
+            for v in np.unique(row[row >= 0]).tolist():
+                code[row == v] = len(succ_sets)
+                succ_sets.append(self._successors(node, v))
+            codes.append(code)
+        out = np.full(256, -1, dtype=np.int32)
+        if codes:
+            cols, inverse = np.unique(np.stack(codes), axis=1, return_inverse=True)
+            for k in range(cols.shape[1]):
+                elems = frozenset().union(*(succ_sets[c] for c in cols[:, k].tolist() if c >= 0))
+                out[inverse.reshape(-1) == k] = self._intern(elems)
+        self.table[state] = out  # after interning: interning may have reallocated the table
+        self.done[state] = True
+
+    def row(self, state: int) -> np.ndarray:
+        if not self.done[state]:
+            self._compute_row(state)
+        return self.table[state]
+
+    def step_many(self, states: np.ndarray, data: np.ndarray) -> np.ndarray:
+        todo = np.unique(states[~self.done[states]])
+        for s in todo.tolist():
+            self._compute_row(s)
+        return self.table[states, data]
+
+    def is_accepting(self, state: int) -> bool:
+        return any(fresh and node.accepting for node, _lex, fresh in self.sets[state])

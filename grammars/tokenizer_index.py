@@ -1,0 +1,168 @@
+"""Per-tokenizer data for mask computation: each token's bytes and a byte trie over them.
+
+Built once per (tokenizer, vocab size) and reused by every grammar compiled for it.
+
+Trie layout (breadth-first, children of a node contiguous and sorted by byte)::
+
+    node 0 = root (empty prefix)
+    node n: byte[n]      the byte on the edge into n
+            parent[n]    its parent (non-decreasing over n)
+            child_start[n], child_count[n]  its children are nodes child_start .. +count
+    token_node[t]        the node whose prefix equals token t's bytes, -1 for a token that
+                         grammars never allow (special, added, empty, or padding ids)
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable unicode characters."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in _byte_to_unicode().items()}
+
+
+@dataclass(frozen=True)
+class TokenizerIndex:
+    """Token bytes and the byte trie for one vocabulary (see module docstring)."""
+
+    vocab_size: int
+    token_bytes: tuple[bytes | None, ...]  # None: never allowed by a grammar
+    eos_ids: tuple[int, ...]
+    byte: np.ndarray  # uint8[num_nodes]
+    child_start: np.ndarray  # int64[num_nodes]
+    child_count: np.ndarray  # int64[num_nodes]
+    token_node: np.ndarray  # int64[vocab_size]
+    valid_ids: np.ndarray  # ids of tokens a grammar may allow
+    valid_nodes: np.ndarray  # their trie nodes
+
+    @property
+    def num_words(self) -> int:
+        """Length of one packed bitmask row."""
+        return (self.vocab_size + 31) // 32
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.byte.shape[0])
+
+
+def _decoder_kind(tokenizer) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        text = str(backend.decoder)
+        if "ByteLevel" in text:
+            return "bytelevel"
+        if "ByteFallback" in text or "Metaspace" in text or "\u2581" in text:
+            return "sentencepiece"
+    return "sentencepiece" if "\u2581" in "".join(tokenizer.get_vocab())[:100000] else "plain"
+
+
+def _token_to_bytes(token: str, kind: str) -> bytes | None:
+    if kind == "bytelevel":
+        try:
+            return bytes(_UNICODE_TO_BYTE[c] for c in token)
+        except KeyError:
+            return token.encode("utf-8")
+    if kind == "sentencepiece":
+        fallback = _BYTE_FALLBACK.match(token)
+        if fallback:
+            return bytes([int(fallback.group(1), 16)])
+        return token.replace("\u2581", " ").encode("utf-8")
+    return token.encode("utf-8")
+
+
+def _special_ids(tokenizer) -> set[int]:
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids.update(int(i) for i in decoder)
+    return ids
+
+
+def _eos_ids(tokenizer, eos_token_ids) -> tuple[int, ...]:
+    if eos_token_ids is not None:
+        return tuple(sorted({int(i) for i in eos_token_ids}))
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return tuple(sorted({int(i) for i in (eos if isinstance(eos, list) else [eos])}))
+
+
+def build_tokenizer_index(tokenizer, vocab_size: int | None = None, eos_token_ids=None):
+    """Build the index for `tokenizer`; `vocab_size` is the model's (>= the tokenizer's)."""
+    vocab = tokenizer.get_vocab()
+    n_tok = max(len(tokenizer), max(vocab.values()) + 1)
+    size = n_tok if vocab_size is None else int(vocab_size)
+    if size < n_tok:
+        raise ValueError(f"vocab_size {size} is smaller than the tokenizer's {n_tok} tokens")
+    kind = _decoder_kind(tokenizer)
+    special = _special_ids(tokenizer)
+    token_bytes: list[bytes | None] = [None] * size
+    for token, idx in vocab.items():
+        if idx in special:
+            continue
+        data = _token_to_bytes(token, kind)
+        token_bytes[idx] = data or None
+    eos = _eos_ids(tokenizer, eos_token_ids)
+    return _build_index(token_bytes, eos)
+
+
+def _build_index(token_bytes: list[bytes | None], eos_ids: tuple[int, ...]) -> TokenizerIndex:
+    prefixes = {d[:k] for d in set(token_bytes) if d for k in range(1, len(d) + 1)}
+    prefixes.add(b"")
+    ordered = sorted(sorted(prefixes), key=len)
+    node_of = {p: i for i, p in enumerate(ordered)}
+    n = len(ordered)
+    byte = np.zeros(n, dtype=np.uint8)
+    parent = np.zeros(n, dtype=np.int64)
+    byte[1:] = [p[-1] for p in ordered[1:]]
+    parent[1:] = [node_of[p[:-1]] for p in ordered[1:]]
+    nodes = np.arange(n)
+    left = np.searchsorted(parent[1:], nodes, side="left") + 1
+    right = np.searchsorted(parent[1:], nodes, side="right") + 1
+    token_node = np.array([node_of[d] if d else -1 for d in token_bytes], dtype=np.int64)
+    return TokenizerIndex(
+        vocab_size=len(token_bytes),
+        token_bytes=tuple(token_bytes),
+        eos_ids=eos_ids,
+        byte=byte,
+        child_start=left.astype(np.int64),
+        child_count=(right - left).astype(np.int64),
+        token_node=token_node,
+        valid_ids=np.flatnonzero(token_node >= 0),
+        valid_nodes=token_node[token_node >= 0],
+    )
+
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def get_tokenizer_index(tokenizer, vocab_size: int | None = None, eos_token_ids=None):
+    """The cached index for this tokenizer object, vocab size and EOS set."""
+    key = (vocab_size, None if eos_token_ids is None else tuple(sorted(eos_token_ids)))
+    with _LOCK:
+        per_tok = _CACHE.setdefault(tokenizer, {})
+        if key not in per_tok:
+            per_tok[key] = build_tokenizer_index(tokenizer, vocab_size, eos_token_ids)
+        return per_tok[key]
