@@ -20,8 +20,9 @@ from radixflow.runtime.kv_pool import KVPool
 @dataclass
 class _DecodeRows:
     token_index: torch.Tensor | None  # [Bd] token rows; None when every row is a decode row
-    slots: torch.Tensor  # [Bd * L] int64 gather index (padding points at slot 0)
+    head_rows: torch.Tensor  # [Bd * kv_heads * L] rows of the [slots * kv_heads, D] view
     valid: torch.Tensor  # [Bd, 1, 1, L] bool
+    bias: torch.Tensor  # [Bd, 1, 1, L] 0 where valid, -inf elsewhere (the pool's dtype)
     seq_lens: torch.Tensor  # [Bd]
     max_len: int
 
@@ -31,7 +32,7 @@ class _ExtendRow:
     start: int  # first token row
     length: int  # new tokens
     prefix_len: int
-    slots: torch.Tensor  # [prefix_len + length] int64
+    head_rows: torch.Tensor  # [kv_heads * (prefix_len + length)] rows of the [.., D] view
 
 
 class TorchBackend(AttentionBackend):
@@ -56,8 +57,15 @@ class TorchBackend(AttentionBackend):
             slots = table.index_select(0, sel_rows)[:, :max_len].to(torch.int64)
             slots = slots.masked_fill(~valid, 0)
             token_index = None if all_decode else batch.extend_start.index_select(0, idx)
+            valid = valid[:, None, None, :]
+            bias = torch.zeros(valid.shape, dtype=self.pool.k_buffers[0].dtype)
             self._decode = _DecodeRows(
-                token_index, slots.reshape(-1), valid[:, None, None, :], seq_lens, max_len
+                token_index,
+                self._head_rows(slots),
+                valid,
+                bias.masked_fill_(~valid, float("-inf")),
+                seq_lens,
+                max_len,
             )
         self._extend = []
         start = 0
@@ -66,8 +74,15 @@ class TorchBackend(AttentionBackend):
                 row = int(rows[i])
                 seq = batch.seq_lens_cpu[i]
                 slots = table[row, :seq].to(torch.int64)
-                self._extend.append(_ExtendRow(start, n, batch.prefix_lens_cpu[i], slots))
+                rows_i = self._head_rows(slots[None])
+                self._extend.append(_ExtendRow(start, n, batch.prefix_lens_cpu[i], rows_i))
             start += n
+
+    def _head_rows(self, slots: torch.Tensor) -> torch.Tensor:
+        """Gather index giving [B, kv_heads, L, D] straight from the pool's [S * kv_heads, D]
+        view, so attention reads contiguous per-head keys without a transpose copy."""
+        kvh = self.pool.k_buffers[0].shape[1]
+        return (slots[:, None, :] * kvh + torch.arange(kvh)[None, :, None]).reshape(-1)
 
     def forward(
         self,
@@ -90,8 +105,9 @@ class TorchBackend(AttentionBackend):
             out[dec.token_index] = self._attend_decode(q[dec.token_index], k_buf, v_buf, layer)
         for row in self._extend:
             qr = q[row.start : row.start + row.length].reshape(row.length, h, d).transpose(0, 1)
-            kr = gather_rows(k_buf, row.slots).transpose(0, 1)
-            vr = gather_rows(v_buf, row.slots).transpose(0, 1)
+            seq = row.prefix_len + row.length
+            kr = gather_rows(k_buf.view(-1, d), row.head_rows).view(kvh, seq, d)
+            vr = gather_rows(v_buf.view(-1, d), row.head_rows).view(kvh, seq, d)
             mask = _causal_mask(row.prefix_len, row.length, layer.sliding_window)
             o = _sdpa(qr[None], kr[None].to(q.dtype), vr[None].to(q.dtype), mask, layer)
             out[row.start : row.start + row.length] = o[0].transpose(0, 1).reshape(row.length, -1)
@@ -105,9 +121,11 @@ class TorchBackend(AttentionBackend):
         group = layer.num_heads // kvh
         # Query heads of one KV head sit in the "query length" axis, so no K/V repeat is needed.
         qd = q.reshape(b, kvh, group, d)
-        kd = gather_rows(k_buf, dec.slots).reshape(b, dec.max_len, kvh, d).transpose(1, 2)
-        vd = gather_rows(v_buf, dec.slots).reshape(b, dec.max_len, kvh, d).transpose(1, 2)
-        mask = dec.valid
+        kd = gather_rows(k_buf.view(-1, d), dec.head_rows).view(b, kvh, dec.max_len, d)
+        vd = gather_rows(v_buf.view(-1, d), dec.head_rows).view(b, kvh, dec.max_len, d)
+        mask = dec.bias  # additive: SDPA skips converting a boolean mask for every layer
+        if layer.sliding_window > 0 or layer.logit_cap > 0:
+            mask = dec.valid
         if layer.sliding_window > 0:
             first = (dec.seq_lens - layer.sliding_window)[:, None, None, None]
             mask = mask & (torch.arange(dec.max_len) >= first)
