@@ -1,0 +1,191 @@
+"""`radixflow serve | run | bench`: the command line. Engine flags come from `EngineConfig`.
+
+    radixflow serve --model PATH --host 127.0.0.1 --port 30000 [--api-key KEY] [engine flags]
+    radixflow run "The capital of France is" --max-new-tokens 16 [--chat] [engine flags]
+    radixflow bench --num-prompts 32 --input-len 128 --output-len 64 [engine flags]
+
+Every `EngineConfig` field is a flag (`page_size` -> `--page-size`) with the field's default,
+help text and choices; booleans also get a `--no-` form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+import time
+import types
+import typing
+from typing import Any
+
+from radixflow.runtime.config import EngineConfig
+
+_SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per `EngineConfig` field; unset flags keep the config's default."""
+    group = parser.add_argument_group("engine")
+    hints = typing.get_type_hints(EngineConfig)
+    for f in dataclasses.fields(EngineConfig):
+        kind = _scalar(hints[f.name])
+        flags = [f"--{f.name.replace('_', '-')}"]
+        if f.name == "model_path":
+            flags.append("--model")
+        help_text = f.metadata["help"]
+        if f.default is not None:
+            help_text += f" (default: {f.default})"
+        if kind is bool:
+            group.add_argument(
+                *flags, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
+                help=help_text,
+            )  # fmt: skip
+        else:
+            group.add_argument(
+                *flags, dest=f.name, type=kind, default=f.default,
+                choices=f.metadata.get("choices"), help=help_text,
+                metavar=f.name.upper() if not f.metadata.get("choices") else None,
+            )  # fmt: skip
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The `EngineConfig` fields out of parsed arguments."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)}
+
+
+def _scalar(hint: Any) -> type:
+    """int for `int`, `int | None` and `Optional[int]`; likewise float, str, bool."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) != 1:
+            raise TypeError(f"EngineConfig field type {hint} has no flag form")
+        hint = args[0]
+    if hint not in _SCALARS.values():
+        raise TypeError(f"EngineConfig field type {hint} has no flag form")
+    return hint
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixflow", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve the HTTP API (SGLang-native and OpenAI)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    serve.add_argument("--port", type=int, default=30000)
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    serve.add_argument(
+        "--cors-origin", action="append", dest="cors_origins", default=None,
+        help="allow cross-origin requests from this origin (repeatable; off by default)",
+    )  # fmt: skip
+    serve.add_argument("--served-model-name", default=None, help="model id in /v1 responses")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--graceful-timeout", type=float, default=30.0,
+        help="seconds to let in-flight requests finish on shutdown before aborting them",
+    )  # fmt: skip
+    add_engine_flags(serve)
+
+    run = sub.add_parser("run", help="generate for one prompt and print it as it streams")
+    run.add_argument("prompt")
+    run.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    run.add_argument("--max-new-tokens", type=int, default=128)
+    run.add_argument("--temperature", type=float, default=0.0)
+    run.add_argument("--top-p", type=float, default=1.0)
+    run.add_argument("--top-k", type=int, default=-1)
+    run.add_argument("--seed", type=int, default=None)
+    run.add_argument("--regex", default=None, help="constrain the output to this regex")
+    run.add_argument("--json-schema", default=None, help="constrain the output to this schema")
+    add_engine_flags(run)
+
+    bench = sub.add_parser("bench", help="offline throughput on random prompts (no HTTP)")
+    bench.add_argument("--num-prompts", type=int, default=32)
+    bench.add_argument("--input-len", type=int, default=128)
+    bench.add_argument("--output-len", type=int, default=64)
+    bench.add_argument("--bench-seed", type=int, default=0, help="seed of the random prompts")
+    add_engine_flags(bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"serve": _serve, "run": _run, "bench": _bench}[args.command](args)
+    except ValueError as exc:
+        print(f"radixflow: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from radixflow.runtime.server import serve
+
+    serve(
+        engine_kwargs(args),
+        args.host,
+        args.port,
+        api_key=args.api_key,
+        cors_origins=args.cors_origins,
+        served_model_name=args.served_model_name,
+        log_level=args.log_level,
+        graceful_timeout=args.graceful_timeout,
+    )
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from radixflow.runtime.engine import Engine
+
+    params: dict[str, Any] = {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+    }
+    for name in ("seed", "regex", "json_schema"):
+        if getattr(args, name) is not None:
+            params[name] = getattr(args, name)
+    with Engine(**engine_kwargs(args)) as engine:
+        prompt = args.prompt
+        if args.chat:
+            prompt = engine.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+        ids = engine.tokenizer.encode(prompt, add_special_tokens=not args.chat)
+        shown = 0
+        for out in engine.generate(input_ids=ids, sampling_params=params, stream=True):
+            sys.stdout.write(out["text"][shown:])
+            sys.stdout.flush()
+            shown = len(out["text"])
+        meta = out["meta_info"]
+        print(
+            f"\n[{meta['completion_tokens']} tokens, {meta['e2e_latency']:.2f}s, "
+            f"finish: {json.dumps(meta['finish_reason'])}]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    """Submit every prompt at once and time it: request and token throughput, no HTTP."""
+    from radixflow.runtime.engine import Engine
+
+    with Engine(**engine_kwargs(args)) as engine:
+        rng = random.Random(args.bench_seed)
+        prompts = [
+            [rng.randrange(100, engine.vocab_size) for _ in range(args.input_len)]
+            for _ in range(args.num_prompts)
+        ]
+        params = {"max_new_tokens": args.output_len, "ignore_eos": True, "temperature": 0}
+        engine.generate(input_ids=prompts[0][:8], sampling_params={"max_new_tokens": 2})
+        start = time.perf_counter()
+        results = engine.generate(input_ids=prompts, sampling_params=params)
+        elapsed = time.perf_counter() - start
+    out_tokens = sum(r["meta_info"]["completion_tokens"] for r in results)
+    in_tokens = args.num_prompts * args.input_len
+    print(f"prompts: {args.num_prompts} x {args.input_len} tokens in, {args.output_len} out")
+    print(f"elapsed: {elapsed:.2f} s")
+    print(f"requests/s: {args.num_prompts / elapsed:.2f}")
+    print(f"output tokens/s: {out_tokens / elapsed:.1f}")
+    print(f"total tokens/s: {(in_tokens + out_tokens) / elapsed:.1f}")
+    return 0

@@ -1,0 +1,358 @@
+"""The HTTP server: one Engine behind SGLang's native routes, OpenAI's /v1 routes and /metrics.
+
+    create_app(engine)                the FastAPI app (tests serve it; `serve` runs it under uvicorn)
+    serve(engine_kwargs, host, port)  load the engine, warm it up, serve until SIGINT/SIGTERM
+    python -m radixflow.runtime.server [flags]   the same as `radixflow serve [flags]`
+
+Errors, for every route, are `{"error": {"message", "type", "param", "code"}}` (OpenAI's form);
+bad input is HTTP 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+import radixflow
+from radixflow.runtime import openai_api
+from radixflow.runtime.metrics import CONTENT_TYPE, ServerMetrics
+from radixflow.runtime.openai_protocol import AbortRequest, GenerateRequest
+from radixflow.runtime.serving import (
+    APIError,
+    EngineClient,
+    EngineStream,
+    LogprobArgs,
+    ServerContext,
+    SSEResponse,
+    sse,
+)
+
+logger = logging.getLogger(__name__)
+
+WARMUP_PROMPT = "The capital of France is"
+
+
+def create_app(
+    engine: Any,
+    *,
+    api_key: str | None = None,
+    cors_origins: list[str] | None = None,
+    served_model_name: str | None = None,
+    owns_engine: bool = False,
+) -> FastAPI:
+    """The app over `engine`. Startup runs a warm-up generation before /health turns 200;
+    with `owns_engine`, shutdown aborts what is in flight and shuts the engine down."""
+    metrics = ServerMetrics(engine)
+    model_path = engine.config.model_path or str(engine.model_dir)
+    ctx = ServerContext(
+        engine=engine,
+        client=EngineClient(engine, metrics),
+        metrics=metrics,
+        served_model_name=served_model_name or engine.config.model_path or Path(model_path).name,
+        model_path=model_path,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await engine.async_generate(WARMUP_PROMPT, {"max_new_tokens": 2, "temperature": 0})
+        ctx.ready = True
+        yield
+        ctx.ready = False
+        ctx.client.abort(None)
+        if owns_engine:
+            await asyncio.to_thread(engine.shutdown)
+
+    app = FastAPI(title="radixflow", version=radixflow.__version__, lifespan=lifespan)
+    app.state.ctx = ctx
+    if cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=cors_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
+    _add_error_handlers(app, metrics)
+    app.add_api_route("/health", health, methods=["GET"])
+    guarded = [Depends(_api_key_check(api_key))] if api_key else []
+    app.include_router(native_router, dependencies=guarded)
+    app.include_router(openai_api.router, dependencies=guarded)
+    return app
+
+
+def _api_key_check(api_key: str):
+    expected = f"Bearer {api_key}".encode()
+
+    async def check(request: Request) -> None:
+        given = request.headers.get("authorization", "").encode()
+        if not secrets.compare_digest(given, expected):
+            raise APIError("invalid or missing API key", 401, type="authentication_error")
+
+    return check
+
+
+def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+    def answer(err: APIError) -> JSONResponse:
+        metrics.errors.labels(str(err.status)).inc()
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return answer(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        loc = [str(p) for p in first.get("loc", ()) if _is_field(p)]
+        if first.get("type") == "json_invalid":
+            return answer(APIError(f"malformed JSON body: {first.get('msg')}"))
+        param = ".".join(loc) or None
+        where = f"{param}: " if param else "request body: "
+        return answer(APIError(where + first.get("msg", "invalid value"), param=param))
+
+    @app.exception_handler(ValueError)
+    async def value_error(request: Request, exc: ValueError) -> JSONResponse:
+        return answer(APIError.from_value_error(exc))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return answer(APIError(str(exc.detail), exc.status_code, type="not_found_error"))
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error on %s", request.url.path)
+        return answer(APIError(f"internal error: {exc!r}", 500, type="server_error"))
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def _is_field(loc_part: object) -> bool:
+    """Whether a pydantic error location part names a field (or list index), not the body or
+    the union branch tried (`str`, `list[int]`, `NamedToolChoice`, `literal['auto']`)."""
+    if isinstance(loc_part, int):
+        return True
+    text = str(loc_part)
+    return not (
+        text == "body" or text in _TYPE_TAGS or text[:1].isupper() or any(c in text for c in "[(-")
+    )
+
+
+# -- SGLang-native routes -------------------------------------------------------------------
+native_router = APIRouter()
+
+
+async def health(request: Request) -> Response:
+    """200 once the warm-up generation has run; 503 before and during shutdown."""
+    return Response(status_code=200 if request.app.state.ctx.ready else 503)
+
+
+@native_router.get("/health_generate")
+async def health_generate(request: Request) -> Response:
+    """200 when the engine generates a token now."""
+    ctx: ServerContext = request.app.state.ctx
+    result = await ctx.engine.async_generate(WARMUP_PROMPT, {"max_new_tokens": 1})
+    ok = ctx.ready and result["meta_info"]["completion_tokens"] == 1
+    return Response(status_code=200 if ok else 503)
+
+
+@native_router.get("/get_model_info")
+async def get_model_info(request: Request) -> dict[str, Any]:
+    ctx: ServerContext = request.app.state.ctx
+    return {
+        "model_path": ctx.model_path,
+        "tokenizer_path": ctx.model_path,
+        "served_model_name": ctx.served_model_name,
+        "is_generation": True,
+        "context_length": ctx.engine.context_length,
+        "vocab_size": ctx.engine.vocab_size,
+    }
+
+
+@native_router.get("/server_info")
+@native_router.get("/get_server_info")
+async def server_info(request: Request) -> dict[str, Any]:
+    ctx: ServerContext = request.app.state.ctx
+    engine = ctx.engine
+    return {
+        **dataclasses.asdict(engine.config),
+        "version": radixflow.__version__,
+        "served_model_name": ctx.served_model_name,
+        "context_length": engine.context_length,
+        "vocab_size": engine.vocab_size,
+        "kv_pages_total": engine.kv_pages_total(),
+        "kv_pages_free": engine.kv_pages_free(),
+        "num_running_reqs": len(engine.scheduler.running),
+        "num_waiting_reqs": len(engine.scheduler.waiting),
+        "stats": dict(engine.stats),
+    }
+
+
+@native_router.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache(request: Request) -> Response:
+    """Empty the radix cache; 400 while requests run (the engine refuses then)."""
+    try:
+        await asyncio.to_thread(request.app.state.ctx.engine.flush_cache)
+    except RuntimeError as exc:
+        raise APIError(f"cache not flushed: {exc}") from None
+    return Response("Cache flushed.\n", media_type="text/plain")
+
+
+@native_router.post("/abort_request")
+async def abort_request(body: AbortRequest, request: Request) -> dict[str, Any]:
+    """Abort a request by the rid it was sent with (or every request, with abort_all)."""
+    if not body.abort_all and not body.rid:
+        raise APIError("give rid or abort_all: true", param="rid")
+    client = request.app.state.ctx.client
+    return {"aborted": client.abort(None if body.abort_all else body.rid)}
+
+
+@native_router.post("/encode")
+async def encode() -> None:
+    raise APIError("/encode (embeddings) is not supported: this server serves generation models")
+
+
+@native_router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(request.app.state.ctx.metrics.render(), media_type=CONTENT_TYPE)
+
+
+@native_router.api_route("/generate", methods=["POST", "PUT"])
+async def generate(body: GenerateRequest, request: Request):
+    """SGLang's /generate: text or input_ids, one or a batch; SSE with cumulative text."""
+    ctx: ServerContext = request.app.state.ctx
+    client = ctx.client
+    if (body.text is None) == (body.input_ids is None):
+        raise APIError("give exactly one of text or input_ids", param="text")
+    if body.text is not None:
+        batched = isinstance(body.text, list)
+        texts = body.text if batched else [body.text]
+        prompts = [client.check_ids(client.tokenize(t, "text"), "text") for t in texts]
+    else:
+        batched = bool(body.input_ids) and isinstance(body.input_ids[0], list)
+        ids = body.input_ids if batched else [body.input_ids]
+        prompts = [client.check_ids(p, "input_ids") for p in ids]
+    if batched and not prompts:
+        raise APIError("the batch is empty", param="text" if body.text is not None else "input_ids")
+    params = body.sampling_params
+    params_list = params if isinstance(params, list) else [params] * len(prompts)
+    batch = client.build(prompts, params_list, body.rid)
+    logprob = LogprobArgs(
+        return_logprob=body.return_logprob,
+        logprob_start_len=None if body.logprob_start_len < 0 else body.logprob_start_len,
+        top_logprobs_num=body.top_logprobs_num,
+    )
+    many = batched or len(batch.subs) > 1
+    if body.stream:
+        chunks = await client.stream(batch, logprob)
+        return SSEResponse(
+            _generate_stream(ctx, chunks, many, body.return_text_in_logprobs), chunks
+        )
+    results = await client.generate(batch, logprob, request)
+    out = [_native_output(ctx, r, body.return_text_in_logprobs) for r in results]
+    return out if many else out[0]
+
+
+async def _generate_stream(ctx: ServerContext, chunks: EngineStream, many: bool, with_text: bool):
+    async for i, item in chunks:
+        out = _native_output(ctx, item, with_text)
+        if many:
+            out["index"] = i
+        yield sse(out)
+    yield "data: [DONE]\n\n"
+
+
+def _native_output(ctx: ServerContext, result: dict[str, Any], with_text: bool) -> dict[str, Any]:
+    """The engine's result; logprob entries get their token text with return_text_in_logprobs."""
+    if not with_text:
+        return result
+    meta = dict(result["meta_info"])
+    name = ctx.client.token_text
+    for key in ("output_token_logprobs", "input_token_logprobs"):
+        if key in meta:
+            meta[key] = [(lp, t, name(t)) for lp, t, _ in meta[key]]
+    for key in ("output_top_logprobs", "input_top_logprobs"):
+        if key in meta:
+            meta[key] = [
+                None if row is None else [(lp, t, name(t)) for lp, t, _ in row] for row in meta[key]
+            ]
+    return {**result, "meta_info": meta}
+
+
+def serve(
+    engine_kwargs: dict[str, Any],
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    *,
+    api_key: str | None = None,
+    cors_origins: list[str] | None = None,
+    served_model_name: str | None = None,
+    log_level: str = "info",
+    graceful_timeout: float = 30.0,
+) -> None:
+    """Load an engine and serve it until SIGINT/SIGTERM.
+
+    On the signal the server stops accepting connections and gives in-flight requests
+    `graceful_timeout` seconds; then it aborts them (streams end with finish_reason "abort"
+    and `[DONE]`), and shuts the engine down.
+    """
+    engine = radixflow.Engine(**engine_kwargs)
+    try:
+        app = create_app(
+            engine,
+            api_key=api_key,
+            cors_origins=cors_origins,
+            served_model_name=served_model_name,
+            owns_engine=True,
+        )
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            timeout_graceful_shutdown=graceful_timeout + 10,
+        )
+        _GracefulServer(config, app.state.ctx, graceful_timeout).run()
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down
+        pass
+    finally:
+        engine.shutdown()
+
+
+class _GracefulServer(uvicorn.Server):
+    """uvicorn, plus: `graceful_timeout` after the exit signal, abort what still runs."""
+
+    def __init__(self, config: uvicorn.Config, ctx: ServerContext, graceful_timeout: float):
+        super().__init__(config)
+        self.ctx = ctx
+        self.graceful_timeout = graceful_timeout
+
+    async def serve(self, sockets=None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if not self.should_exit:
+            self.ctx.ready = False
+            self.loop.call_soon_threadsafe(
+                self.loop.call_later, self.graceful_timeout, self.ctx.client.abort, None
+            )
+        super().handle_exit(sig, frame)
+
+
+if __name__ == "__main__":
+    from radixflow.runtime.cli import main
+
+    sys.exit(main(["serve", *sys.argv[1:]]))

@@ -1,0 +1,354 @@
+"""The HTTP layer's view of the engine: validated sub-requests, merged streams, aborts, metrics.
+
+Every HTTP request becomes a list of `SubRequest`s, one per (prompt, sample) pair, each run as
+its own engine request with n=1 and a known rid, so that `/abort_request`, client disconnects
+and shutdown can stop exactly the engine requests an HTTP request owns:
+
+    HTTP request (rid R, 2 prompts, n=2) ─► R-0 R-1 R-2 R-3 ─► engine ─► results in that order
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from radixflow.runtime.metrics import ServerMetrics, StreamTimer
+from radixflow.runtime.sampling_params import SamplingParams
+
+
+class APIError(Exception):
+    """An error answered to the client: status, message and the request field at fault."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        type: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.type = type
+
+    @classmethod
+    def from_value_error(cls, exc: ValueError, default_param: str | None = None) -> APIError:
+        """Wrap an engine ValueError; its first quoted identifier names the field."""
+        found = re.search(r"'([A-Za-z_][\w.]*)'", str(exc))
+        return cls(str(exc), 400, found.group(1) if found else default_param)
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
+
+
+@dataclass
+class LogprobArgs:
+    return_logprob: bool = False
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+
+
+@dataclass
+class SubRequest:
+    """One engine request: token ids, n=1 sampling params and the index of its prompt."""
+
+    input_ids: list[int]
+    params: dict[str, Any]
+    prompt_index: int
+    rid: str = ""
+
+
+@dataclass
+class Batch:
+    """The sub-requests of one HTTP request, in (prompt, sample) order, and the engine rids
+    each client-visible rid stands for."""
+
+    subs: list[SubRequest]
+    groups: dict[str, list[str]] = field(default_factory=dict)
+
+
+def sse(payload: dict[str, Any]) -> str:
+    """One server-sent event carrying a JSON object."""
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+class EngineClient:
+    """Runs batches on the engine; tracks in-flight rids; records metrics."""
+
+    def __init__(self, engine: Any, metrics: ServerMetrics) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.inflight: dict[str, list[str]] = {}
+        self._token_texts: dict[int, str] = {}
+
+    # -- building ---------------------------------------------------------------------------
+    def tokenize(self, text: str, field_name: str, add_special_tokens: bool = True) -> list[int]:
+        if not isinstance(text, str):
+            raise APIError(f"{field_name} must be a string", param=field_name)
+        return self.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.engine.tokenizer.decode(ids)
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token (cached: logprob responses name every token)."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.engine.tokenizer.decode([token_id])
+        return text
+
+    def check_ids(self, ids: list[int], field_name: str) -> list[int]:
+        vocab, context = self.engine.vocab_size, self.engine.context_length
+        if not ids:
+            raise APIError(f"{field_name}: the prompt is empty", param=field_name)
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
+            raise APIError(
+                f"{field_name}: token ids must be integers in [0, {vocab})", param=field_name
+            )
+        if len(ids) >= context:
+            raise APIError(
+                f"{field_name}: the prompt ({len(ids)} tokens) is longer than the model's context "
+                f"length ({context} tokens)",
+                param=field_name,
+            )
+        return ids
+
+    def build(
+        self,
+        prompts: list[list[int]],
+        params: list[dict[str, Any]],
+        rid: str | list[str] | None,
+        param_names: dict[str, str] | None = None,
+    ) -> Batch:
+        """Validate every prompt's params, expand `n`, and name each sub-request's rid.
+
+        `param_names` renames engine field names in errors (max_new_tokens -> max_tokens).
+        """
+        if len(params) != len(prompts):
+            raise APIError(
+                f"sampling_params has {len(params)} entries for {len(prompts)} prompts",
+                param="sampling_params",
+            )
+        copies: list[list[dict[str, Any]]] = []
+        for p in params:
+            try:
+                sp = SamplingParams.from_dict(p)
+                sp.validate(self.engine.vocab_size)
+            except (ValueError, TypeError) as exc:
+                err = APIError.from_value_error(ValueError(str(exc)), "sampling_params")
+                err.param = (param_names or {}).get(err.param, err.param)
+                raise err from None
+            copies.append([_one_sample(p or {}, sp, i) for i in range(sp.n)])
+        subs = [
+            SubRequest(ids, c, i)
+            for i, (ids, cs) in enumerate(zip(prompts, copies, strict=True))
+            for c in cs
+        ]
+        batch = Batch(subs, self._rid_groups(rid, len(prompts), subs))
+        for name, sub in zip((n for g in batch.groups.values() for n in g), subs, strict=True):
+            sub.rid = name
+        return batch
+
+    def _rid_groups(
+        self, rid: str | list[str] | None, n_prompts: int, subs: list[SubRequest]
+    ) -> dict[str, list[str]]:
+        """Client rid -> engine rids: `R` for a lone request, `R-0`, `R-1`, ... for its samples."""
+        if isinstance(rid, list):
+            if len(rid) != n_prompts or not all(isinstance(r, str) and r for r in rid):
+                raise APIError("rid must hold one non-empty string per prompt", param="rid")
+            if len(set(rid)) != len(rid):
+                raise APIError("rid values must be distinct", param="rid")
+            sizes = [sum(s.prompt_index == i for s in subs) for i in range(n_prompts)]
+            groups = {
+                r: [r] if k == 1 else [f"{r}-{j}" for j in range(k)]
+                for r, k in zip(rid, sizes, strict=True)
+            }
+        else:
+            if rid is not None and (not isinstance(rid, str) or not rid):
+                raise APIError("rid must be a non-empty string", param="rid")
+            key = rid or uuid.uuid4().hex
+            groups = {key: [key] if len(subs) == 1 else [f"{key}-{i}" for i in range(len(subs))]}
+        for key in groups:
+            if key in self.inflight:
+                raise APIError(f"rid {key!r} is already in use", param="rid")
+        return groups
+
+    # -- running ----------------------------------------------------------------------------
+    async def generate(self, batch: Batch, logprob: LogprobArgs, request: Request) -> list[dict]:
+        """Run a batch to completion; a client disconnect aborts it (returns no results)."""
+        self._register(batch)
+        work = asyncio.gather(*(self._one(s, logprob) for s in batch.subs))
+        watcher = asyncio.ensure_future(_wait_disconnect(request))
+        ok = False
+        try:
+            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                raise APIError("client disconnected", 499)
+            results = work.result()
+            ok = True
+        finally:
+            watcher.cancel()
+            if not ok:  # gather leaves siblings of a failed request running: stop them all
+                work.cancel()
+                for s in batch.subs:
+                    self.engine.abort(s.rid)
+            self._release(batch)
+        for r in results:
+            self.metrics.observe_finished(r, streamed=False)
+        return results
+
+    async def _one(self, sub: SubRequest, logprob: LogprobArgs) -> dict:
+        return await self.engine.async_generate(
+            input_ids=sub.input_ids,
+            sampling_params=sub.params,
+            return_logprob=logprob.return_logprob,
+            logprob_start_len=logprob.logprob_start_len,
+            top_logprobs_num=logprob.top_logprobs_num,
+            rid=sub.rid,
+        )
+
+    async def stream(self, batch: Batch, logprob: LogprobArgs) -> EngineStream:
+        """Start every sub-request now and return their merged stream.
+
+        The caller must end it with `EngineStream.close()` (SSEResponse does, even when the
+        client is gone before the first byte): that aborts whatever has not finished.
+        """
+        self._register(batch)
+        iters = []
+        try:
+            for s in batch.subs:
+                iters.append(
+                    await self.engine.async_generate(
+                        input_ids=s.input_ids,
+                        sampling_params=s.params,
+                        return_logprob=logprob.return_logprob,
+                        logprob_start_len=logprob.logprob_start_len,
+                        top_logprobs_num=logprob.top_logprobs_num,
+                        stream=True,
+                        rid=s.rid,
+                    )
+                )
+        except BaseException:
+            for s in batch.subs[: len(iters)]:
+                self.engine.abort(s.rid)
+            self._release(batch)
+            raise
+        return EngineStream(self, batch, iters)
+
+    def abort(self, rid: str | None) -> int:
+        """Abort the HTTP request registered under `rid` (all of them for None)."""
+        keys = list(self.inflight) if rid is None else [rid]
+        names = [name for key in keys for name in self.inflight.get(key, [])]
+        for name in names:
+            self.engine.abort(name)
+        return len(names)
+
+    def _register(self, batch: Batch) -> None:
+        self.inflight.update(batch.groups)
+
+    def _release(self, batch: Batch) -> None:
+        for key in batch.groups:
+            self.inflight.pop(key, None)
+
+
+class EngineStream:
+    """The engine streams of one HTTP request, merged: iterate for (sub index, output)."""
+
+    def __init__(self, client: EngineClient, batch: Batch, iters: list) -> None:
+        self.client = client
+        self.batch = batch
+        self.iters = iters
+        self.finished: set[int] = set()
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, dict]]:
+        timers = [StreamTimer(self.client.metrics) for _ in self.iters]
+        queue: asyncio.Queue[tuple[int, dict]] = asyncio.Queue()
+
+        async def pump(i: int, it: AsyncIterator[dict]) -> None:
+            async for item in it:
+                await queue.put((i, item))
+
+        tasks = [asyncio.ensure_future(pump(i, it)) for i, it in enumerate(self.iters)]
+        try:
+            while len(self.finished) < len(self.iters):
+                i, item = await queue.get()
+                meta = item["meta_info"]
+                timers[i].chunk(meta["completion_tokens"])
+                if meta["finish_reason"] is not None:
+                    self.finished.add(i)
+                    self.client.metrics.observe_finished(item, streamed=True)
+                yield i, item
+        finally:
+            for t in tasks:
+                t.cancel()
+            self.close()
+
+    def close(self) -> None:
+        """Abort the sub-requests that have not finished; forget the rids. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        for i, s in enumerate(self.batch.subs):
+            if i not in self.finished:
+                self.client.engine.abort(s.rid)
+        self.client._release(self.batch)
+
+
+class SSEResponse(StreamingResponse):
+    """A server-sent event stream that closes its `EngineStream` however the response ends."""
+
+    def __init__(self, content: AsyncIterator[str], stream: EngineStream) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.stream = stream
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.stream.close()
+
+
+@dataclass
+class ServerContext:
+    """What the routes share: the engine, its client, metrics and the server's identity."""
+
+    engine: Any
+    client: EngineClient
+    metrics: ServerMetrics
+    served_model_name: str
+    model_path: str
+    started: int = field(default_factory=lambda: int(time.time()))
+    ready: bool = False
+
+
+def _one_sample(raw: dict[str, Any], sp: SamplingParams, i: int) -> dict[str, Any]:
+    """The raw params of sample i of n: n=1 and seed+i, as `SamplingParams.expand` does."""
+    if sp.n == 1:
+        return raw
+    out = {**raw, "n": 1}
+    if sp.seed is not None:
+        out["seed"] = (sp.seed + i) % 2**64
+    return out
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
