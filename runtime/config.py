@@ -52,6 +52,18 @@ class EngineConfig:
     jump_forward: bool = _knob(
         True, "append text a grammar forces in one extend step instead of decoding it"
     )
+    speculative_algorithm: str = _knob(
+        "none",
+        "speculative decoding: ngram proposes what followed the context's tail earlier in the "
+        "prompt or output, verified losslessly in one forward",
+        ("none", "ngram"),
+    )
+    speculative_num_tokens: int = _knob(
+        4, "tokens proposed per request and step at most (adapted to each request's acceptance)"
+    )
+    speculative_max_batch: int = _knob(
+        8, "speculate only while at most this many requests run (larger batches gain little)"
+    )
     random_seed: int = _knob(0, "seed of the engine's shared sampling generator")
     num_threads: int | None = _knob(None, "torch CPU threads (default: torch's choice)")
 
@@ -68,6 +80,14 @@ class EngineConfig:
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
             raise ValueError(
                 f"chunked_prefill_size must be positive or -1, got {self.chunked_prefill_size}"
+            )
+        if self.speculative_num_tokens < 1:
+            raise ValueError(
+                f"speculative_num_tokens must be >= 1, got {self.speculative_num_tokens}"
+            )
+        if self.speculative_max_batch < 1:
+            raise ValueError(
+                f"speculative_max_batch must be >= 1, got {self.speculative_max_batch}"
             )
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
             raise ValueError(f"max_total_tokens too small: {self.max_total_tokens}")

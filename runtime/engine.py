@@ -34,6 +34,7 @@ from radixflow.runtime.request import LogprobRequest, Req
 from radixflow.runtime.sampler import RequestSampler, Sampler, SamplingBatch
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.scheduler import ScheduledStep, Scheduler, SchedulerLimits
+from radixflow.runtime.speculative import Speculator
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,15 @@ class Engine:
             ),
         )
         self.sampler = Sampler(seed=self.config.random_seed)
+        self.speculator: Speculator | None = None
+        if self.config.speculative_algorithm == "ngram":
+            self.speculator = Speculator(
+                num_tokens=self.config.speculative_num_tokens,
+                max_batch=self.config.speculative_max_batch,
+                sampler=self.sampler,
+                vocab_size=self.vocab_size,
+                context_length=self.context_length,
+            )
         self.grammars = GrammarBackend(
             self.tokenizer, self.vocab_size, self.eos_token_ids, self.config.grammar_compile_timeout
         )
@@ -103,6 +113,9 @@ class Engine:
             "completion_tokens": 0,
             "steps": 0,
             "jump_forward_tokens": 0,
+            "spec_verify_steps": 0,  # request-steps that verified drafts
+            "spec_draft_tokens": 0,
+            "spec_accepted_tokens": 0,  # drafts accepted (the token after them not counted)
         }
         self._thread = threading.Thread(target=self._loop, name="radixflow-engine", daemon=True)
         self._thread.start()
@@ -394,7 +407,9 @@ class Engine:
                 return
 
     def step(self) -> None:
-        """One schedule → forward → sample → finish round."""
+        """One schedule → forward → sample (or verify drafts) → finish round."""
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         step = self.scheduler.schedule()
         for req in self.scheduler.failed:
             self._finish(req, req.finish_reason)
@@ -421,39 +436,80 @@ class Engine:
                 sampled.append((req, row))
         if not sampled:
             return
+        plain = [(req, row) for req, row in sampled if not req.draft_ids]
+        verifying = [(req, row) for req, row in sampled if req.draft_ids]
+        now = time.monotonic()
+        if plain:
+            self._sample(logits, plain, now)
+        if verifying:
+            self._verify(logits, verifying, now)
+
+    def _sample(self, logits: torch.Tensor, sampled: list[tuple[Req, int]], now: float) -> None:
+        """Sample one token for each request from its logits row."""
         sample_logits = logits[torch.tensor([row for _, row in sampled])]
-        sampled = [req for req, _ in sampled]
-        self.grammars.mask_logits(sample_logits, sampled)
-        want_lp = any(r.logprob.return_logprob for r in sampled)
-        top_k = max(r.logprob.top_logprobs_num for r in sampled) if want_lp else 0
+        reqs = [req for req, _ in sampled]
+        self.grammars.mask_logits(sample_logits, reqs)
+        want_lp = any(r.logprob.return_logprob for r in reqs)
+        top_k = max(r.logprob.top_logprobs_num for r in reqs) if want_lp else 0
         out = self.sampler.sample(
             sample_logits,
-            SamplingBatch.build([r.sampler for r in sampled], self.vocab_size, logits.device),
+            SamplingBatch.build([r.sampler for r in reqs], self.vocab_size, logits.device),
             return_logprob=want_lp,
             top_logprobs_num=top_k,
         )
         tokens = out.next_token_ids.tolist()
-        now = time.monotonic()
-        for i, (req, token) in enumerate(zip(sampled, tokens, strict=True)):
-            req.output_ids.append(token)
-            req.sampler.observe(token)
-            if req.grammar is not None and not req.grammar.accept(token):
-                raise RuntimeError(f"sampled token {token} the grammar of {req.rid} forbids")
-            if req.first_token_time is None:
-                req.first_token_time = now
+        for i, (req, token) in enumerate(zip(reqs, tokens, strict=True)):
+            self._append(req, token, now)
             if req.logprob.return_logprob:
                 req.output_logprobs.append(float(out.logprobs[i]))
                 if req.logprob.top_logprobs_num:
                     req.output_top_logprobs.append(_top(out.top_logprobs, i, req))
-            reason = self._finish_reason(req, token)
-            if reason is None and req.grammar is not None and self.config.jump_forward:
-                self.stats["jump_forward_tokens"] += jump_forward(req, self.tokenizer)
-                reason = self._done_reason(req)
-            if reason is not None:
-                self.scheduler.remove(req)
-                self._finish(req, reason)
-            elif req.stream:
-                self._emit(req)
+            self._after_sampling(req, 1, self._finish_reason(req, token))
+
+    def _verify(self, logits: torch.Tensor, verifying: list[tuple[Req, int]], now: float) -> None:
+        """Check each request's drafts (rows row..row+k) and append what the target accepts."""
+        rows = [r for req, row in verifying for r in range(row, row + len(req.draft_ids) + 1)]
+        reqs = [req for req, _ in verifying]
+        emitted = self.speculator.verify(logits[torch.tensor(rows)], reqs)
+        for req, tokens in zip(reqs, emitted, strict=True):
+            self.stats["spec_verify_steps"] += 1
+            self.stats["spec_draft_tokens"] += len(req.draft_ids)
+            self.stats["spec_accepted_tokens"] += len(tokens) - 1
+            req.draft_ids = []
+            reason = None
+            appended = 0
+            for token in tokens:  # stop checks token by token: truncate at the first finish
+                self._append(req, token, now)
+                appended += 1
+                reason = self._finish_reason(req, token)
+                if reason is not None:
+                    break
+            self._after_sampling(req, appended, reason)
+
+    def _append(self, req: Req, token: int, now: float) -> None:
+        req.output_ids.append(token)
+        req.sampler.observe(token)
+        if req.grammar is not None and not req.grammar.accept(token):
+            raise RuntimeError(f"sampled token {token} the grammar of {req.rid} forbids")
+        if req.first_token_time is None:
+            req.first_token_time = now
+
+    def _after_sampling(self, req: Req, appended: int, reason: dict[str, Any] | None) -> None:
+        """Drop the KV of rejected drafts, jump forward, then finish or stream the request."""
+        # Only the newest token lacks KV; a verify step wrote KV for drafts that were rejected,
+        # lowering kv_len leaves their pages to be rewritten (they never reach the radix tree).
+        req.kv_len = min(req.kv_len, req.fill_len - 1)
+        if self.speculator is not None:
+            req.sample_steps += 1
+            req.sampled_tokens += appended
+        if reason is None and req.grammar is not None and self.config.jump_forward:
+            self.stats["jump_forward_tokens"] += jump_forward(req, self.tokenizer)
+            reason = self._done_reason(req)
+        if reason is not None:
+            self.scheduler.remove(req)
+            self._finish(req, reason)
+        elif req.stream:
+            self._emit(req)
 
     def _finish_reason(self, req: Req, token: int) -> dict[str, Any] | None:
         p = req.params
@@ -504,6 +560,8 @@ class Engine:
         }
         if req.first_token_time is not None:
             meta["ttft"] = req.first_token_time - req.created
+        if self.speculator is not None:
+            meta["spec_accept_length"] = req.sampled_tokens / max(1, req.sample_steps)
         if req.logprob.return_logprob:
             meta["output_token_logprobs"] = [
                 (lp, t, None) for lp, t in zip(req.output_logprobs, req.output_ids, strict=False)
@@ -551,7 +609,8 @@ class Engine:
 
 @dataclass
 class _LogitRows:
-    """Which token rows of a step need logits: one per request that samples, plus prompt rows."""
+    """Which token rows of a step need logits: one per request that samples (k+1 in a row for
+    one verifying k drafts), plus prompt rows."""
 
     indices: torch.Tensor
     sample_reqs: list[int]  # indices into step.reqs
@@ -580,10 +639,11 @@ class _LogitRows:
                     for pos in positions:
                         input_flat.append(len(indices))
                         indices.append(start + pos - req.kv_len)
-            if req.kv_len + n == req.fill_len:
+            drafts = len(req.draft_ids)
+            if req.kv_len + n == req.fill_len + drafts:  # sample, or verify k drafts: k+1 rows
                 sample_reqs.append(i)
                 sample_rows.append(len(indices))
-                indices.append(start + n - 1)
+                indices.extend(range(start + n - 1 - drafts, start + n))
             start += n
         return cls(
             torch.tensor(indices, dtype=torch.int64),

@@ -25,7 +25,8 @@ class Req:
     """One sequence being generated.
 
     fill_ids = prompt + output so far. The first `kv_len` of them have K/V in the pool
-    (at req_to_token[row, :kv_len]); the step that runs it feeds fill_ids[kv_len:].
+    (at req_to_token[row, :kv_len]); the step that runs it feeds fill_ids[kv_len:], followed
+    by `draft_ids` when speculative decoding proposed tokens for it to verify.
     """
 
     rid: str
@@ -51,6 +52,10 @@ class Req:
     created: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     retractions: int = 0
+    draft_ids: list[int] = field(default_factory=list)  # proposed tokens this step verifies
+    spec: Any = None  # speculative.SpecState once the request has speculated
+    sample_steps: int = 0  # steps that sampled for this request (speculation on)
+    sampled_tokens: int = 0  # tokens those steps appended
 
     @property
     def fill_len(self) -> int:
@@ -60,7 +65,7 @@ class Req:
         n = len(self.prompt_ids)
         if end <= n:
             return self.prompt_ids[start:end]
-        return (self.prompt_ids + self.output_ids)[start:end]
+        return (self.prompt_ids + self.output_ids + self.draft_ids)[start:end]
 
     @property
     def remaining(self) -> int:

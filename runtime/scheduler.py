@@ -87,11 +87,10 @@ class Scheduler:
         for req in list(self.running):
             if req not in self.running:  # retracted while making room for an earlier one
                 continue
-            n = (
-                1
-                if req.remaining == 1
-                else self._chunk(req, budget, first=budget == self._prefill_budget())
-            )
+            if req.remaining == 1:
+                n = self._decode_len(req)
+            else:
+                n = self._chunk(req, budget, first=budget == self._prefill_budget())
             if n == 0:
                 continue
             loc = self._grow_or_retract(req, n)
@@ -125,6 +124,15 @@ class Scheduler:
     def _prefill_budget(self) -> int:
         size = self.limits.chunked_prefill_size
         return size if size > 0 else self.limits.max_prefill_tokens
+
+    def _decode_len(self, req: Req) -> int:
+        """1, or 1 + its drafts to verify; drafts are dropped when they would need more pages
+        than are free (speculation never evicts the cache or retracts a request)."""
+        n = 1 + len(req.draft_ids)
+        if n > 1 and self._pages_needed(req, n) > self.pool.available():
+            req.draft_ids = []
+            return 1
+        return n
 
     def _chunk(self, req: Req, budget: int, first: bool) -> int:
         """How many of the request's remaining tokens fit this step's prefill budget."""
@@ -296,6 +304,7 @@ class Scheduler:
 
     def _release(self, req: Req) -> None:
         """Give the request's KV to the tree (own pages it does not take are freed)."""
+        req.draft_ids = []
         if req.row is None:
             return
         ps = self.pool.page_size
