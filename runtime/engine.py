@@ -373,7 +373,7 @@ class Engine:
                 self.step()
             except Exception as exc:  # a bug must not hang callers: fail what was running
                 logger.exception("engine step failed")
-                for req in list(self.scheduler.running) + list(self.scheduler.waiting):
+                for req in list(self.scheduler.running):
                     self.scheduler.remove(req)
                     self._finish(req, {"type": "abort", "message": f"engine error: {exc!r}"})
         for req in list(self.scheduler.running) + list(self.scheduler.waiting):
@@ -459,7 +459,10 @@ class Engine:
         )
         tokens = out.next_token_ids.tolist()
         for i, (req, token) in enumerate(zip(reqs, tokens, strict=True)):
-            self._append(req, token, now)
+            refused = self._append(req, token, now)
+            if refused is not None:
+                self._after_sampling(req, 0, refused)
+                continue
             if req.logprob.return_logprob:
                 req.output_logprobs.append(float(out.logprobs[i]))
                 if req.logprob.top_logprobs_num:
@@ -479,20 +482,26 @@ class Engine:
             reason = None
             appended = 0
             for token in tokens:  # stop checks token by token: truncate at the first finish
-                self._append(req, token, now)
+                reason = self._append(req, token, now)
+                if reason is not None:
+                    break
                 appended += 1
                 reason = self._finish_reason(req, token)
                 if reason is not None:
                     break
             self._after_sampling(req, appended, reason)
 
-    def _append(self, req: Req, token: int, now: float) -> None:
+    def _append(self, req: Req, token: int, now: float) -> dict[str, Any] | None:
+        """Add a sampled token; an abort reason if the request's grammar refuses it."""
+        if req.grammar is not None and not req.grammar.accept(token):
+            # Only a row with no allowed token at all (e.g. min_new_tokens blocking the EOS
+            # the grammar requires) gets here; fail this request alone.
+            return {"type": "abort", "message": f"no token satisfies the grammar (sampled {token})"}
         req.output_ids.append(token)
         req.sampler.observe(token)
-        if req.grammar is not None and not req.grammar.accept(token):
-            raise RuntimeError(f"sampled token {token} the grammar of {req.rid} forbids")
         if req.first_token_time is None:
             req.first_token_time = now
+        return None
 
     def _after_sampling(self, req: Req, appended: int, reason: dict[str, Any] | None) -> None:
         """Drop the KV of rejected drafts, jump forward, then finish or stream the request."""

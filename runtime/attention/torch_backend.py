@@ -16,10 +16,13 @@ from radixflow.runtime.attention.base import AttentionBackend, AttentionLayerSpe
 from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.kv_pool import KVPool
 
+MAX_DECODE_GROUPS = 4
+MIN_DECODE_GROUP = 16  # smaller groups cost more in per-call overhead than padding saves
+
 
 @dataclass
 class _DecodeRows:
-    token_index: torch.Tensor | None  # [Bd] token rows; None when every row is a decode row
+    token_index: torch.Tensor  # [Bd] token rows of these requests
     head_rows: torch.Tensor  # [Bd * kv_heads * L] rows of the [slots * kv_heads, D] view
     valid: torch.Tensor  # [Bd, 1, 1, L] bool
     bias: torch.Tensor  # [Bd, 1, 1, L] 0 where valid, -inf elsewhere (the pool's dtype)
@@ -38,35 +41,24 @@ class _ExtendRow:
 class TorchBackend(AttentionBackend):
     def __init__(self, pool: KVPool) -> None:
         self.pool = pool
-        self._decode: _DecodeRows | None = None
+        self._decode: list[_DecodeRows] = []
+        self._decode_only = False
         self._extend: list[_ExtendRow] = []
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         table = batch.req_to_token
         rows = batch.req_pool_indices
         decode_ids = [i for i, n in enumerate(batch.extend_lens_cpu) if n == 1]
-        self._decode = None
-        if decode_ids:
-            seq_lens_cpu = [batch.seq_lens_cpu[i] for i in decode_ids]
-            max_len = max(seq_lens_cpu)
-            all_decode = len(decode_ids) == batch.batch_size
-            idx = None if all_decode else torch.tensor(decode_ids)
-            sel_rows = rows if all_decode else rows.index_select(0, idx)
-            seq_lens = batch.seq_lens if all_decode else batch.seq_lens.index_select(0, idx)
-            valid = torch.arange(max_len)[None, :] < seq_lens[:, None]
-            slots = table.index_select(0, sel_rows)[:, :max_len].to(torch.int64)
-            slots = slots.masked_fill(~valid, 0)
-            token_index = None if all_decode else batch.extend_start.index_select(0, idx)
-            valid = valid[:, None, None, :]
-            bias = torch.zeros(valid.shape, dtype=self.pool.k_buffers[0].dtype)
-            self._decode = _DecodeRows(
-                token_index,
-                self._head_rows(slots),
-                valid,
-                bias.masked_fill_(~valid, float("-inf")),
-                seq_lens,
-                max_len,
-            )
+        # Many decode rows are grouped by length so padding to each group's longest stays small.
+        groups = min(MAX_DECODE_GROUPS, -(-len(decode_ids) // MIN_DECODE_GROUP))
+        if groups > 1:
+            decode_ids.sort(key=lambda i: batch.seq_lens_cpu[i])
+        size = max(1, -(-len(decode_ids) // max(groups, 1)))
+        self._decode = [
+            self._decode_rows(batch, decode_ids[g : g + size])
+            for g in range(0, len(decode_ids), size)
+        ]
+        self._decode_only = len(decode_ids) == batch.batch_size and len(self._decode) == 1
         self._extend = []
         start = 0
         for i, n in enumerate(batch.extend_lens_cpu):
@@ -77,6 +69,25 @@ class TorchBackend(AttentionBackend):
                 rows_i = self._head_rows(slots[None])
                 self._extend.append(_ExtendRow(start, n, batch.prefix_lens_cpu[i], rows_i))
             start += n
+
+    def _decode_rows(self, batch: ForwardBatch, ids: list[int]) -> _DecodeRows:
+        idx = torch.tensor(ids)
+        seq_lens = batch.seq_lens.index_select(0, idx)
+        max_len = max(batch.seq_lens_cpu[i] for i in ids)
+        valid = torch.arange(max_len)[None, :] < seq_lens[:, None]
+        rows = batch.req_pool_indices.index_select(0, idx)
+        slots = batch.req_to_token.index_select(0, rows)[:, :max_len].to(torch.int64)
+        slots = slots.masked_fill(~valid, 0)  # padding reads slot 0, masked out
+        valid = valid[:, None, None, :]
+        bias = torch.zeros(valid.shape, dtype=self.pool.k_buffers[0].dtype)
+        return _DecodeRows(
+            batch.extend_start.index_select(0, idx),
+            self._head_rows(slots),
+            valid,
+            bias.masked_fill_(~valid, float("-inf")),
+            seq_lens,
+            max_len,
+        )
 
     def _head_rows(self, slots: torch.Tensor) -> torch.Tensor:
         """Gather index giving [B, kv_heads, L, D] straight from the pool's [S * kv_heads, D]
@@ -97,12 +108,11 @@ class TorchBackend(AttentionBackend):
         v_buf = self.pool.v_buffers[layer.layer_id]
         k_buf.index_copy_(0, batch.out_cache_loc, k.reshape(-1, kvh, d).to(k_buf.dtype))
         v_buf.index_copy_(0, batch.out_cache_loc, v.reshape(-1, kvh, d).to(v_buf.dtype))
-        if self._decode is not None and self._decode.token_index is None:
-            return self._attend_decode(q, k_buf, v_buf, layer)
+        if self._decode_only:  # one group in token order: no scatter needed
+            return self._attend_decode(q, k_buf, v_buf, layer, self._decode[0])
         out = torch.empty_like(q)
-        if self._decode is not None:
-            dec = self._decode
-            out[dec.token_index] = self._attend_decode(q[dec.token_index], k_buf, v_buf, layer)
+        for dec in self._decode:
+            out[dec.token_index] = self._attend_decode(q[dec.token_index], k_buf, v_buf, layer, dec)
         for row in self._extend:
             qr = q[row.start : row.start + row.length].reshape(row.length, h, d).transpose(0, 1)
             seq = row.prefix_len + row.length
@@ -114,9 +124,13 @@ class TorchBackend(AttentionBackend):
         return out
 
     def _attend_decode(
-        self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, layer: AttentionLayerSpec
+        self,
+        q: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        layer: AttentionLayerSpec,
+        dec: _DecodeRows,
     ) -> torch.Tensor:
-        dec = self._decode
         b, kvh, d = q.shape[0], layer.num_kv_heads, layer.head_dim
         group = layer.num_heads // kvh
         # Query heads of one KV head sit in the "query length" axis, so no K/V repeat is needed.
