@@ -9,6 +9,7 @@ import threading
 import jsonschema
 import lark
 import pytest
+from kv_checks import assert_kv_released
 
 import radixflow as rf
 
@@ -130,9 +131,7 @@ def test_jump_forward_is_canonical_valid_and_saves_steps(page_size):
                 if jump:
                     assert o["output_ids"] == eng.tokenizer.encode(o["text"])
             steps[jump] = eng.stats["steps"]
-            assert eng.scheduler.cache.protected_size() == 0
-            eng.flush_cache()
-            assert eng.kv_pages_free() == eng.kv_pages_total()
+            assert_kv_released(eng)
         finally:
             eng.shutdown()
     assert steps[True] <= 0.7 * steps[False]

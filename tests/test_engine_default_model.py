@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 import transformers
+from kv_checks import assert_kv_released
 
 import radixflow as rf
 
@@ -42,9 +43,7 @@ def hf(engine):
 @pytest.fixture(autouse=True)
 def _pages_free_after(engine):
     yield
-    assert engine.scheduler.cache.protected_size() == 0
-    engine.flush_cache()
-    assert engine.kv_pages_free() == engine.kv_pages_total()
+    assert_kv_released(engine)
 
 
 def _hf_generate(hf, ids: list[int], max_new: int, **kwargs) -> list[int]:

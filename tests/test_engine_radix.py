@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from kv_checks import assert_kv_released
 
 import radixflow as rf
 
@@ -18,12 +19,6 @@ GREEDY = {"max_new_tokens": 10, "temperature": 0}
 
 def _engine(**options) -> rf.Engine:
     return rf.Engine(dtype="float32", **{"max_total_tokens": 4096, **options})
-
-
-def _check_clean(engine: rf.Engine) -> None:
-    assert engine.scheduler.cache.protected_size() == 0
-    engine.flush_cache()
-    assert engine.kv_pages_free() == engine.kv_pages_total()
 
 
 @pytest.mark.parametrize(
@@ -50,7 +45,7 @@ def test_outputs_identical_with_cache_on_and_off(options):
                 assert cached == [0, 0, 0, 0]
             else:
                 assert all(c > 0 for c in cached)
-            _check_clean(engine)
+            assert_kv_released(engine)
         finally:
             engine.shutdown()
     assert results[True] == results[False]
@@ -69,7 +64,7 @@ def test_repeated_request_is_served_from_cache(page_size):
         assert engine.cache_hit_rate() == pytest.approx(
             again["meta_info"]["cached_tokens"] / (2 * n)
         )
-        _check_clean(engine)
+        assert_kv_released(engine)
     finally:
         engine.shutdown()
 
@@ -92,7 +87,7 @@ def test_multi_turn_chat_hits_all_earlier_turns():
                 out["meta_info"]["prompt_tokens"] + out["meta_info"]["completion_tokens"] - 1
             )
             messages.append({"role": "assistant", "content": out["text"]})
-        _check_clean(engine)
+        assert_kv_released(engine)
     finally:
         engine.shutdown()
 
@@ -108,7 +103,7 @@ def test_tiny_pool_finishes_everything_correctly():
     try:
         outs = engine.generate(prompts, GREEDY)
         assert [o["output_ids"] for o in outs] == expected
-        _check_clean(engine)
+        assert_kv_released(engine)
     finally:
         engine.shutdown()
 
@@ -122,7 +117,7 @@ def test_flush_cache_refuses_while_running():
             engine.flush_cache()
         for _ in stream:
             pass
-        _check_clean(engine)
+        assert_kv_released(engine)
     finally:
         engine.shutdown()
 
@@ -140,6 +135,6 @@ def test_input_logprobs_are_computed_for_cached_prompts():
         ours = [lp for lp, _, _ in again["meta_info"]["input_token_logprobs"]]
         ref = [lp for lp, _, _ in first["meta_info"]["input_token_logprobs"]]
         assert ours == pytest.approx(ref, abs=1e-4)
-        _check_clean(engine)
+        assert_kv_released(engine)
     finally:
         engine.shutdown()

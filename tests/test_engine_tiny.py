@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from kv_checks import assert_kv_released
 from tiny_models import make_tiny_model_dir
 
 import radixflow as rf
@@ -36,13 +37,6 @@ def _hf_greedy(hf, ids: list[int], max_new: int) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
-def _assert_all_pages_free(engine: rf.Engine) -> None:
-    """Every page is either free or the radix tree's; flushing the tree frees them all."""
-    assert engine.scheduler.cache.protected_size() == 0
-    engine.flush_cache()
-    assert engine.kv_pages_free() == engine.kv_pages_total()
-
-
 def test_prompt_logprobs_match_transformers(tiny):
     path, hf = tiny
     engine = rf.Engine(str(path), dtype="float32", max_total_tokens=2048, chunked_prefill_size=8)
@@ -66,7 +60,7 @@ def test_prompt_logprobs_match_transformers(tiny):
             assert first[0] == pytest.approx(ref[-1].max().item(), abs=1e-4)
             top = out["meta_info"]["output_top_logprobs"][0]
             assert [t for _, t, _ in top] == ref[-1].topk(3).indices.tolist()
-        _assert_all_pages_free(engine)
+        assert_kv_released(engine)
     finally:
         engine.shutdown()
 
@@ -100,6 +94,6 @@ def test_batch_greedy_matches_transformers(tiny, options):
         assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)
         if retract:
             assert engine.scheduler.num_retractions > 0
-        _assert_all_pages_free(engine)
+        assert_kv_released(engine)
     finally:
         engine.shutdown()

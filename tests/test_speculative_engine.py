@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 import transformers
+from kv_checks import assert_kv_released
 from tiny_models import make_tiny_model_dir
 
 import radixflow as rf
@@ -57,9 +58,7 @@ def _generate(path, prompts, params, **options) -> tuple[list[dict], dict]:
     engine = _engine(path, **options)
     try:
         outs = engine.generate(input_ids=prompts, sampling_params=params)
-        assert engine.scheduler.cache.protected_size() == 0
-        engine.flush_cache()
-        assert engine.kv_pages_free() == engine.kv_pages_total()
+        assert_kv_released(engine)
         return outs, dict(engine.stats)
     finally:
         engine.shutdown()
