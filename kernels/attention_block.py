@@ -1,4 +1,5 @@
-"""Triton building blocks shared by the attention kernels: soft-capping and one online-softmax step.
+"""Triton building blocks shared by the attention kernels: paged K/V loads, soft-capping and
+one online-softmax step.
 
 The online softmax keeps, per query row, the running max `m`, the running sum of
 exp(score - m) `l`, and the unnormalised output `acc`; a block of keys updates all three.
@@ -17,6 +18,29 @@ def soft_cap(x, cap):
     e = tl.exp(-2.0 * tl.abs(y))
     t = (1.0 - e) / (1.0 + e)
     return cap * tl.where(y < 0, -t, t)
+
+
+@triton.jit
+def load_paged_kv(
+    k_buf_ptr, v_buf_ptr, req_to_token_ptr, row, stride_r2t, offs_n, mask_n,
+    kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d, mask_d,
+):  # fmt: skip
+    """K and V [N, D] of one KV head for token positions offs_n of the request in `row`,
+    read through req_to_token (masked positions read slot 0 and are zeroed)."""
+    slots = tl.load(req_to_token_ptr + row * stride_r2t + offs_n, mask=mask_n, other=0)
+    slots = slots.to(tl.int64)
+    kv_mask = mask_n[:, None] & mask_d[None, :]
+    k = tl.load(
+        k_buf_ptr + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :],
+        mask=kv_mask,
+        other=0.0,
+    )
+    v = tl.load(
+        v_buf_ptr + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
+        mask=kv_mask,
+        other=0.0,
+    )
+    return k, v
 
 
 @triton.jit

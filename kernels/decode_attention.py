@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixflow.kernels.attention_block import attend_block
+from radixflow.kernels.attention_block import attend_block, load_paged_kv
 
 BLOCK_N = 64
 MAX_KV_SPLITS = 16
@@ -90,19 +90,10 @@ def _decode_stage1(
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi
-        slots = tl.load(req_to_token_ptr + row * stride_r2t + offs_n, mask=mask_n, other=0)
-        slots = slots.to(tl.int64)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(
-            k_buf_ptr + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        v = tl.load(
-            v_buf_ptr + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
+        k, v = load_paged_kv(
+            k_buf_ptr, v_buf_ptr, req_to_token_ptr, row, stride_r2t, offs_n, mask_n,
+            kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d, mask_d,
+        )  # fmt: skip
         m_i, l_i, acc = attend_block(
             q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale, logit_cap, HAS_CAP
         )

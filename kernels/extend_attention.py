@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixflow.kernels.attention_block import attend_block
+from radixflow.kernels.attention_block import attend_block, load_paged_kv
 
 BLOCK_M = 64
 BLOCK_N = 64
@@ -94,19 +94,10 @@ def _extend_kernel(
     for start in range(lo, prefix_len, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < prefix_len
-        slots = tl.load(req_to_token_ptr + row * stride_r2t + offs_n, mask=mask_n, other=0)
-        slots = slots.to(tl.int64)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(
-            k_buf_ptr + slots[:, None] * stride_kbs + kv_head * stride_kbh + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        v = tl.load(
-            v_buf_ptr + slots[:, None] * stride_vbs + kv_head * stride_vbh + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
+        k, v = load_paged_kv(
+            k_buf_ptr, v_buf_ptr, req_to_token_ptr, row, stride_r2t, offs_n, mask_n,
+            kv_head, stride_kbs, stride_kbh, stride_vbs, stride_vbh, offs_d, mask_d,
+        )  # fmt: skip
         visible = mask_n[None, :] & mask_m[:, None]
         if HAS_WINDOW:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - sliding_window)
