@@ -1,8 +1,15 @@
 """Reference attention over the paged KV pool in plain torch (the CPU backend).
 
-Rows with one new token (decode, or the decode part of a mixed batch) are attended in one
-batched call over K/V gathered through req_to_token and padded to the longest sequence;
+Rows with one new token (decode, or the decode part of a mixed batch) are attended in batched
+calls over K/V gathered through req_to_token and padded to the longest sequence of their group;
 rows with several new tokens (prefill chunks) are attended one request at a time.
+
+Cascade decoding: decode rows whose sequences start with the same KV slots (a radix-cache hit:
+few-shot examples, a system prompt, the branches of a fork) attend to that shared prefix in one
+call, all their query heads stacked as one long query, so the prefix is read once instead of
+once per row; each row's own tail is attended separately and the two halves are merged by
+their log-sum-exp. The prefix call is a matrix product where the per-row one was a
+matrix-vector product, which is what makes it fast on a CPU.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from radixflow.runtime.kv_pool import KVPool
 
 MAX_DECODE_GROUPS = 4
 MIN_DECODE_GROUP = 16  # smaller groups cost more in per-call overhead than padding saves
+MAX_CASCADE_GROUPS = 4
+MIN_CASCADE_PREFIX = 64  # a shorter shared prefix saves less than the extra calls cost
 
 
 @dataclass
@@ -28,6 +37,16 @@ class _DecodeRows:
     bias: torch.Tensor  # [Bd, 1, 1, L] 0 where valid, -inf elsewhere (the pool's dtype)
     seq_lens: torch.Tensor  # [Bd]
     max_len: int
+
+
+@dataclass
+class _CascadeRows:
+    token_index: torch.Tensor  # [Bc] token rows of these requests
+    prefix_rows: torch.Tensor  # [kv_heads * prefix_len] rows of the shared prefix
+    prefix_len: int
+    tails: _DecodeRows  # each request's tokens after the prefix
+    ids: list[int]  # their rows in the batch
+    whole: _DecodeRows | None = None  # unsplit, built for soft-capped or windowed layers
 
 
 @dataclass
@@ -42,13 +61,24 @@ class TorchBackend(AttentionBackend):
     def __init__(self, pool: KVPool) -> None:
         self.pool = pool
         self._decode: list[_DecodeRows] = []
+        self._cascade: list[_CascadeRows] = []
+        self._batch: ForwardBatch | None = None
         self._decode_only = False
+        # the flash kernel that also returns the log-sum-exp is CPU-only
+        self._can_cascade = pool.k_buffers[0].device.type == "cpu"
         self._extend: list[_ExtendRow] = []
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         table = batch.req_to_token
         rows = batch.req_pool_indices
         decode_ids = [i for i, n in enumerate(batch.extend_lens_cpu) if n == 1]
+        self._batch = batch
+        self._cascade = []
+        if self._can_cascade and len(decode_ids) > 1:
+            families = _shared_prefixes(batch, decode_ids)
+            self._cascade = [self._cascade_rows(batch, ids, n) for ids, n in families]
+            shared = {i for ids, _ in families for i in ids}
+            decode_ids = [i for i in decode_ids if i not in shared]
         # Many decode rows are grouped by length so padding to each group's longest stays small.
         groups = min(MAX_DECODE_GROUPS, -(-len(decode_ids) // MIN_DECODE_GROUP))
         if groups > 1:
@@ -70,13 +100,15 @@ class TorchBackend(AttentionBackend):
                 self._extend.append(_ExtendRow(start, n, batch.prefix_lens_cpu[i], rows_i))
             start += n
 
-    def _decode_rows(self, batch: ForwardBatch, ids: list[int]) -> _DecodeRows:
+    def _decode_rows(self, batch: ForwardBatch, ids: list[int], skip: int = 0) -> _DecodeRows:
+        """Rows `ids` over their sequences from position `skip` on, padded to the longest."""
         idx = torch.tensor(ids)
-        seq_lens = batch.seq_lens.index_select(0, idx)
-        max_len = max(batch.seq_lens_cpu[i] for i in ids)
+        seq_lens = batch.seq_lens.index_select(0, idx) - skip
+        max_len = max(batch.seq_lens_cpu[i] for i in ids) - skip
         valid = torch.arange(max_len)[None, :] < seq_lens[:, None]
         rows = batch.req_pool_indices.index_select(0, idx)
-        slots = batch.req_to_token.index_select(0, rows)[:, :max_len].to(torch.int64)
+        table = batch.req_to_token.index_select(0, rows)
+        slots = table[:, skip : skip + max_len].to(torch.int64)
         slots = slots.masked_fill(~valid, 0)  # padding reads slot 0, masked out
         valid = valid[:, None, None, :]
         bias = torch.zeros(valid.shape, dtype=self.pool.k_buffers[0].dtype)
@@ -87,6 +119,17 @@ class TorchBackend(AttentionBackend):
             bias.masked_fill_(~valid, float("-inf")),
             seq_lens,
             max_len,
+        )
+
+    def _cascade_rows(self, batch: ForwardBatch, ids: list[int], prefix_len: int) -> _CascadeRows:
+        row = int(batch.req_pool_indices[ids[0]])
+        prefix = batch.req_to_token[row, :prefix_len].to(torch.int64)
+        return _CascadeRows(
+            batch.extend_start.index_select(0, torch.tensor(ids)),
+            self._head_rows(prefix[None]),
+            prefix_len,
+            self._decode_rows(batch, ids, skip=prefix_len),
+            ids,
         )
 
     def _head_rows(self, slots: torch.Tensor) -> torch.Tensor:
@@ -111,6 +154,10 @@ class TorchBackend(AttentionBackend):
         if self._decode_only:  # one group in token order: no scatter needed
             return self._attend_decode(q, k_buf, v_buf, layer, self._decode[0])
         out = torch.empty_like(q)
+        for cas in self._cascade:
+            out[cas.token_index] = self._attend_cascade(
+                q[cas.token_index], k_buf, v_buf, layer, cas
+            )
         for dec in self._decode:
             out[dec.token_index] = self._attend_decode(q[dec.token_index], k_buf, v_buf, layer, dec)
         for row in self._extend:
@@ -146,6 +193,65 @@ class TorchBackend(AttentionBackend):
         o = _sdpa(qd, kd.to(q.dtype), vd.to(q.dtype), mask, layer, gqa=False)
         return o.reshape(b, -1)
 
+    def _attend_cascade(
+        self,
+        q: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        layer: AttentionLayerSpec,
+        cas: _CascadeRows,
+    ) -> torch.Tensor:
+        if layer.logit_cap > 0 or layer.sliding_window > 0:  # neither splits into two halves
+            if cas.whole is None:
+                cas.whole = self._decode_rows(self._batch, cas.ids)
+            return self._attend_decode(q, k_buf, v_buf, layer, cas.whole)
+        b, kvh, d = q.shape[0], layer.num_kv_heads, layer.head_dim
+        group = layer.num_heads // kvh
+        qd = q.reshape(b, kvh, group, d)
+        n = cas.prefix_len
+        kp = gather_rows(k_buf.view(-1, d), cas.prefix_rows).view(1, kvh, n, d).to(q.dtype)
+        vp = gather_rows(v_buf.view(-1, d), cas.prefix_rows).view(1, kvh, n, d).to(q.dtype)
+        stacked = qd.transpose(0, 1).reshape(1, kvh, b * group, d)
+        o_pre, lse_pre = _flash_with_lse(stacked, kp, vp, None, layer.scaling)
+        o_pre = o_pre.view(kvh, b, group, d).transpose(0, 1)
+        lse_pre = lse_pre.view(kvh, b, group).transpose(0, 1)
+        tails = cas.tails
+        kt = gather_rows(k_buf.view(-1, d), tails.head_rows).view(b, kvh, tails.max_len, d)
+        vt = gather_rows(v_buf.view(-1, d), tails.head_rows).view(b, kvh, tails.max_len, d)
+        o_tail, lse_tail = _flash_with_lse(
+            qd, kt.to(q.dtype), vt.to(q.dtype), tails.bias.to(q.dtype), layer.scaling
+        )
+        top = torch.maximum(lse_pre, lse_tail)
+        w_pre, w_tail = (lse_pre - top).exp_()[..., None], (lse_tail - top).exp_()[..., None]
+        merged = (o_pre.float() * w_pre + o_tail.float() * w_tail) / (w_pre + w_tail)
+        return merged.to(q.dtype).reshape(b, -1)
+
+
+def _shared_prefixes(batch: ForwardBatch, ids: list[int]) -> list[tuple[list[int], int]]:
+    """Families of decode rows whose sequences start with the same slots, with the length they
+    share (at least MIN_CASCADE_PREFIX, and short of each row's own newest token); the
+    MAX_CASCADE_GROUPS families that save the most reads."""
+    seq_lens = torch.tensor([batch.seq_lens_cpu[i] for i in ids])
+    width = int(seq_lens.max())
+    rows = batch.req_pool_indices.index_select(0, torch.tensor(ids))
+    slots = batch.req_to_token.index_select(0, rows)[:, :width]
+    in_prefix = torch.arange(width)[None, :] < (seq_lens - 1)[:, None]
+    families = []
+    firsts, family_of = torch.unique(slots[:, 0], return_inverse=True)
+    for f in range(len(firsts)):
+        members = (family_of == f).nonzero().flatten()
+        if len(members) < 2:
+            continue
+        same = (slots[members] == slots[members[0]]) & in_prefix[members] & in_prefix[members[0]]
+        shared = same.int().cumprod(1).sum(1)
+        keep = shared >= MIN_CASCADE_PREFIX
+        if int(keep.sum()) < 2:
+            continue
+        length = int(shared[keep].min())
+        families.append(([ids[m] for m in members[keep].tolist()], length))
+    families.sort(key=lambda fam: (len(fam[0]) - 1) * fam[1], reverse=True)
+    return families[:MAX_CASCADE_GROUPS]
+
 
 def gather_rows(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """buffer[slots] along dim 0; rows are copied as int64 words, which CPU index_select
@@ -155,6 +261,15 @@ def gather_rows(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         return buffer.index_select(0, slots)
     rows = flat.view(torch.int64).index_select(0, slots)
     return rows.view(buffer.dtype).view(-1, *buffer.shape[1:])
+
+
+def _flash_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention output and the log-sum-exp of its scores per query (float32)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, attn_mask=mask, scale=scale
+    )
 
 
 def _causal_mask(prefix_len: int, length: int, window: int) -> torch.Tensor:
