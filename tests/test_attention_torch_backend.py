@@ -83,3 +83,16 @@ def test_short_shared_prefixes_are_not_cascaded(monkeypatch):
     backend = TorchBackend(harness.pool)
     run_steps(harness, backend, layers(0.0, -1), [[1, 1, 1, 5, 2, 9], [1] * 6])
     assert backend._cascade == []
+
+
+@pytest.mark.parametrize(
+    "use_kernel,cascade", [(False, True), (True, False)], ids=["sdpa", "kernel-no-cascade"]
+)
+def test_decode_paths_match_dense_attention(use_kernel, cascade):
+    """Both decode paths (the compiled kernel where it builds, gather + SDPA) stay correct."""
+    harness = cascade_harness(16)
+    backend = TorchBackend(harness.pool, use_kernel=use_kernel, cascade=cascade)
+    steps = [[1, 1, 1, 5, 2, 9], [1] * 6, [1, 4, 1, 1, 1, 1]]
+    run_steps(harness, backend, layers(0.0, -1), steps)
+    run_steps(harness, backend, layers(8.0, 12), [[1] * 6])
+    assert (backend._cascade != []) == cascade

@@ -1,8 +1,10 @@
 """Reference attention over the paged KV pool in plain torch (the CPU backend).
 
-Rows with one new token (decode, or the decode part of a mixed batch) are attended in batched
-calls over K/V gathered through req_to_token and padded to the longest sequence of their group;
-rows with several new tokens (prefill chunks) are attended one request at a time.
+Rows with one new token (decode, or the decode part of a mixed batch) are attended by the
+compiled CPU kernel (kernels/cpu_attention.py), which reads K/V straight from the pool through
+req_to_token, in one call; where it is not available, in batched SDPA calls over K/V gathered
+through req_to_token and padded to the longest sequence of their group. Rows with several new
+tokens (prefill chunks) are attended one request at a time.
 
 Cascade decoding: decode rows whose sequences start with the same KV slots (a radix-cache hit:
 few-shot examples, a system prompt, the branches of a fork) attend to that shared prefix in one
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from radixflow.kernels import cpu_attention
 from radixflow.runtime.attention.base import AttentionBackend, AttentionLayerSpec
 from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.kv_pool import KVPool
@@ -40,13 +43,26 @@ class _DecodeRows:
 
 
 @dataclass
+class _KernelRows:
+    """Decode rows for the compiled kernel: it needs no gather index and no padding."""
+
+    token_index: torch.Tensor  # [Bd] token rows of these requests
+    table: torch.Tensor  # req_to_token, or its columns from `skip` on
+    pool_rows: torch.Tensor  # [Bd] their rows of the table
+    seq_lens: torch.Tensor  # [Bd] keys to attend, counted from the table's first column
+
+
+_Rows = _DecodeRows | _KernelRows
+
+
+@dataclass
 class _CascadeRows:
     token_index: torch.Tensor  # [Bc] token rows of these requests
     prefix_rows: torch.Tensor  # [kv_heads * prefix_len] rows of the shared prefix
     prefix_len: int
-    tails: _DecodeRows  # each request's tokens after the prefix
+    tails: _Rows  # each request's tokens after the prefix
     ids: list[int]  # their rows in the batch
-    whole: _DecodeRows | None = None  # unsplit, built for soft-capped or windowed layers
+    whole: _Rows | None = None  # unsplit, built for soft-capped or windowed layers
 
 
 @dataclass
@@ -58,14 +74,23 @@ class _ExtendRow:
 
 
 class TorchBackend(AttentionBackend):
-    def __init__(self, pool: KVPool) -> None:
+    """use_kernel=False keeps decode rows on the SDPA path even where the kernel builds;
+    cascade=False attends every decode row over its whole sequence (benchmarks compare both)."""
+
+    def __init__(self, pool: KVPool, use_kernel: bool = True, cascade: bool = True) -> None:
         self.pool = pool
-        self._decode: list[_DecodeRows] = []
+        self._decode: list[_Rows] = []
         self._cascade: list[_CascadeRows] = []
         self._batch: ForwardBatch | None = None
         self._decode_only = False
+        k_buf = pool.k_buffers[0]
         # the flash kernel that also returns the log-sum-exp is CPU-only
-        self._can_cascade = pool.k_buffers[0].device.type == "cpu"
+        self._can_cascade = cascade and k_buf.device.type == "cpu"
+        self._kernel = (
+            use_kernel
+            and k_buf.device.type == "cpu"
+            and cpu_attention.supports(k_buf.dtype, k_buf.shape[2])
+        )
         self._extend: list[_ExtendRow] = []
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
@@ -79,15 +104,18 @@ class TorchBackend(AttentionBackend):
             self._cascade = [self._cascade_rows(batch, ids, n) for ids, n in families]
             shared = {i for ids, _ in families for i in ids}
             decode_ids = [i for i in decode_ids if i not in shared]
-        # Many decode rows are grouped by length so padding to each group's longest stays small.
-        groups = min(MAX_DECODE_GROUPS, -(-len(decode_ids) // MIN_DECODE_GROUP))
-        if groups > 1:
-            decode_ids.sort(key=lambda i: batch.seq_lens_cpu[i])
-        size = max(1, -(-len(decode_ids) // max(groups, 1)))
-        self._decode = [
-            self._decode_rows(batch, decode_ids[g : g + size])
-            for g in range(0, len(decode_ids), size)
-        ]
+        if self._kernel:
+            self._decode = [self._kernel_rows(batch, decode_ids)] if decode_ids else []
+        else:
+            # Decode rows are grouped by length so padding to each group's longest stays small.
+            groups = min(MAX_DECODE_GROUPS, -(-len(decode_ids) // MIN_DECODE_GROUP))
+            if groups > 1:
+                decode_ids.sort(key=lambda i: batch.seq_lens_cpu[i])
+            size = max(1, -(-len(decode_ids) // max(groups, 1)))
+            self._decode = [
+                self._decode_rows(batch, decode_ids[g : g + size])
+                for g in range(0, len(decode_ids), size)
+            ]
         self._decode_only = len(decode_ids) == batch.batch_size and len(self._decode) == 1
         self._extend = []
         start = 0
@@ -121,6 +149,21 @@ class TorchBackend(AttentionBackend):
             max_len,
         )
 
+    def _kernel_rows(self, batch: ForwardBatch, ids: list[int], skip: int = 0) -> _KernelRows:
+        """Rows `ids` over their sequences from position `skip` on, for the compiled kernel."""
+        idx = torch.tensor(ids)
+        return _KernelRows(
+            batch.extend_start.index_select(0, idx),
+            batch.req_to_token[:, skip:],
+            batch.req_pool_indices.index_select(0, idx),
+            batch.seq_lens.index_select(0, idx) - skip,
+        )
+
+    def _rows(self, batch: ForwardBatch, ids: list[int], skip: int = 0) -> _Rows:
+        if self._kernel:
+            return self._kernel_rows(batch, ids, skip)
+        return self._decode_rows(batch, ids, skip)
+
     def _cascade_rows(self, batch: ForwardBatch, ids: list[int], prefix_len: int) -> _CascadeRows:
         row = int(batch.req_pool_indices[ids[0]])
         prefix = batch.req_to_token[row, :prefix_len].to(torch.int64)
@@ -128,7 +171,7 @@ class TorchBackend(AttentionBackend):
             batch.extend_start.index_select(0, torch.tensor(ids)),
             self._head_rows(prefix[None]),
             prefix_len,
-            self._decode_rows(batch, ids, skip=prefix_len),
+            self._rows(batch, ids, skip=prefix_len),
             ids,
         )
 
@@ -176,8 +219,11 @@ class TorchBackend(AttentionBackend):
         k_buf: torch.Tensor,
         v_buf: torch.Tensor,
         layer: AttentionLayerSpec,
-        dec: _DecodeRows,
+        dec: _Rows,
     ) -> torch.Tensor:
+        if isinstance(dec, _KernelRows):
+            o, _ = _attend_kernel(q, k_buf, v_buf, layer, dec, with_lse=False)
+            return o.reshape(q.shape[0], -1)
         b, kvh, d = q.shape[0], layer.num_kv_heads, layer.head_dim
         group = layer.num_heads // kvh
         # Query heads of one KV head sit in the "query length" axis, so no K/V repeat is needed.
@@ -203,7 +249,7 @@ class TorchBackend(AttentionBackend):
     ) -> torch.Tensor:
         if layer.logit_cap > 0 or layer.sliding_window > 0:  # neither splits into two halves
             if cas.whole is None:
-                cas.whole = self._decode_rows(self._batch, cas.ids)
+                cas.whole = self._rows(self._batch, cas.ids)
             return self._attend_decode(q, k_buf, v_buf, layer, cas.whole)
         b, kvh, d = q.shape[0], layer.num_kv_heads, layer.head_dim
         group = layer.num_heads // kvh
@@ -216,15 +262,38 @@ class TorchBackend(AttentionBackend):
         o_pre = o_pre.view(kvh, b, group, d).transpose(0, 1)
         lse_pre = lse_pre.view(kvh, b, group).transpose(0, 1)
         tails = cas.tails
-        kt = gather_rows(k_buf.view(-1, d), tails.head_rows).view(b, kvh, tails.max_len, d)
-        vt = gather_rows(v_buf.view(-1, d), tails.head_rows).view(b, kvh, tails.max_len, d)
-        o_tail, lse_tail = _flash_with_lse(
-            qd, kt.to(q.dtype), vt.to(q.dtype), tails.bias.to(q.dtype), layer.scaling
-        )
+        if isinstance(tails, _KernelRows):
+            o_tail, lse_tail = _attend_kernel(q, k_buf, v_buf, layer, tails, with_lse=True)
+            o_tail, lse_tail = o_tail.view(b, kvh, group, d), lse_tail.view(b, kvh, group)
+        else:
+            kt = gather_rows(k_buf.view(-1, d), tails.head_rows).view(b, kvh, tails.max_len, d)
+            vt = gather_rows(v_buf.view(-1, d), tails.head_rows).view(b, kvh, tails.max_len, d)
+            o_tail, lse_tail = _flash_with_lse(
+                qd, kt.to(q.dtype), vt.to(q.dtype), tails.bias.to(q.dtype), layer.scaling
+            )
         top = torch.maximum(lse_pre, lse_tail)
         w_pre, w_tail = (lse_pre - top).exp_()[..., None], (lse_tail - top).exp_()[..., None]
         merged = (o_pre.float() * w_pre + o_tail.float() * w_tail) / (w_pre + w_tail)
         return merged.to(q.dtype).reshape(b, -1)
+
+
+def _attend_kernel(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    layer: AttentionLayerSpec,
+    rows: _KernelRows,
+    with_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """o [b, H, D] in q's dtype and, when asked, the log-sum-exp [b, H] (float32)."""
+    b = q.shape[0]
+    qk = q.reshape(b, layer.num_heads, layer.head_dim).to(k_buf.dtype)
+    lse = torch.empty(b, layer.num_heads) if with_lse else None
+    o = cpu_attention.decode_attention_cpu(
+        qk, k_buf, v_buf, rows.table, rows.pool_rows, rows.seq_lens, layer.scaling,
+        layer.logit_cap, layer.sliding_window, lse=lse,
+    )  # fmt: skip
+    return o.to(q.dtype), lse
 
 
 def _shared_prefixes(batch: ForwardBatch, ids: list[int]) -> list[tuple[list[int], int]]:

@@ -1,0 +1,424 @@
+// Paged decode attention on the CPU: one query token per request over its K/V, read straight
+// from the pool through req_to_token (no gather, no padding), with an online softmax in fp32.
+//
+// Work item = (request, key range), all heads. Keys go in blocks of 16:
+//
+//     for each block of 16 keys, for each KV head kvh (its rows converted to fp32 once):
+//         for each of its G = H / KVH query heads h:
+//             scores[16] = q_h . k[j]                 (16 dot products, one transpose-add)
+//             m_h, l_h, acc_h rescaled by the new running max
+//             acc_h += sum_j p[j] * v[j]
+//
+// When there are too few requests to keep the threads busy, long sequences are cut into
+// ranges; each range writes a normalised partial output and its log-sum-exp, and a second pass
+// merges the ranges of one request by their log-sum-exp.
+#ifndef __AVX512F__
+#error "the CPU attention kernel needs AVX-512F"
+#endif
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int kBlock = 16;         // keys per block: one vector of scores per query head
+constexpr int kMaxVecs = 16;       // head_dim <= 256
+constexpr int64_t kMinRange = 256;  // shorter key ranges cost more to merge than they save
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// fp32 lanes from 16 elements of the pool's dtype; lanes outside `mask` are zero.
+inline __m512 load16(const float* p, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, p); }
+
+inline __m512 load16(const c10::BFloat16* p, __mmask16 mask) {
+  __m256i raw = _mm256_maskz_loadu_epi16(mask, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// e^x: x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial (error below
+// 1e-8), times 2^n. Very negative x (including -inf) gives 0.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+struct Problem {
+  const void* q;
+  const void* k;
+  const void* v;
+  const int32_t* table;
+  const int64_t* rows;
+  const int64_t* seq_lens;
+  void* out;
+  float* lse;  // [B, H] or null
+  int64_t q_stride_b, q_stride_h, k_stride_s, k_stride_h, v_stride_s, v_stride_h;
+  int64_t table_stride, out_stride_b, out_stride_h, lse_stride_b;
+  int64_t heads, kv_heads, group, head_dim, window;
+  float scale, cap;
+};
+
+struct Item {
+  int64_t b, lo, hi;
+  int64_t part;  // -1: the whole range, written to out; else its slot in the partial buffers
+};
+
+// First visible key of request b (the sliding window's start, or 0).
+inline int64_t first_key(const Problem& p, int64_t b) {
+  return p.window > 0 ? std::max<int64_t>(0, p.seq_lens[b] - p.window) : 0;
+}
+
+// Lane j of the result is the sum of the lanes of v[j]: a transpose and add in four rounds.
+inline __m512 sum_lanes16(const __m512* v) {
+  __m512 t[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i)
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // u[i] lane group c holds the partial sums of v[4i..4i+3] over their 128-bit lane c
+  for (int i = 0; i < 2; ++i)
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
+                       _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
+}
+
+// Per-thread working memory.
+struct Scratch {
+  std::vector<__m512> qv, acc;  // [heads * vectors per head]: scaled queries, output sums
+  std::vector<float> m, l;      // running max and sum per query head
+  std::vector<float> kf, vf;    // [kBlock, vectors * 16]: one block of one KV head in fp32
+  std::vector<float> o, lse;    // one item's result [heads, head_dim], [heads]
+  Scratch(int64_t heads, int64_t vecs, int64_t head_dim)
+      : qv(heads * vecs), acc(heads * vecs), m(heads), l(heads), kf(kBlock * vecs * 16),
+        vf(kBlock * vecs * 16), o(heads * head_dim), lse(heads) {}
+};
+
+// Rows of one KV head of a block as fp32: the pool's own rows for float32, converted
+// copies in `buffer` for bfloat16 (converted once, read by every query head of the group).
+template <int NV>
+inline void rows_fp32(const float* const* rows, int n, int64_t, float*, const float** out) {
+  for (int j = 0; j < n; ++j) out[j] = rows[j];
+}
+
+template <int NV>
+inline void rows_fp32(const c10::BFloat16* const* rows, int n, int64_t head_dim, float* buffer,
+                      const float** out) {
+  const __mmask16 tail = head_dim % 16 ? (__mmask16)((1u << (head_dim % 16)) - 1) : 0xFFFF;
+  for (int j = 0; j < n; ++j) {
+    float* dst = buffer + j * NV * 16;
+    for (int vec = 0; vec < NV; ++vec)
+      _mm512_storeu_ps(dst + vec * 16,
+                       load16(rows[j] + vec * 16, vec == NV - 1 ? tail : (__mmask16)0xFFFF));
+    out[j] = dst;
+  }
+}
+
+// Attention of every query head of request it.b over its keys [lo, hi): o [heads, head_dim]
+// normalised (fp32), lse [heads]. The query heads of one KV head share each K/V row load; all
+// KV heads of a key are visited together, so a page of the pool is read front to back.
+// An empty range gives o = 0, lse = -inf.
+template <typename T, int NV>
+void attend_range(const Problem& p, const Item& it, float* o, float* lse, Scratch& s) {
+  const int64_t G = p.group, D = p.head_dim, H = p.heads;
+  const __mmask16 tail = D % 16 ? (__mmask16)((1u << (D % 16)) - 1) : (__mmask16)0xFFFF;
+  auto lane_mask = [&](int vec) { return vec == NV - 1 ? tail : (__mmask16)0xFFFF; };
+  __m512* qv = s.qv.data();
+  __m512* acc = s.acc.data();
+  const T* q = static_cast<const T*>(p.q) + it.b * p.q_stride_b;
+  for (int64_t h = 0; h < H; ++h) {
+    for (int vec = 0; vec < NV; ++vec) {
+      qv[h * NV + vec] = _mm512_mul_ps(load16(q + h * p.q_stride_h + vec * 16, lane_mask(vec)),
+                                       _mm512_set1_ps(p.scale));
+      acc[h * NV + vec] = _mm512_setzero_ps();
+    }
+    s.m[h] = kNegInf;
+    s.l[h] = 0.0f;
+  }
+  const int32_t* slots = p.table + p.rows[it.b] * p.table_stride;
+  const T* kbase = static_cast<const T*>(p.k);
+  const T* vbase = static_cast<const T*>(p.v);
+  // bytes of one slot's K (or V) over all KV heads, from its first element
+  const int64_t k_bytes = ((p.kv_heads - 1) * p.k_stride_h + D) * (int64_t)sizeof(T);
+  const int64_t v_bytes = ((p.kv_heads - 1) * p.v_stride_h + D) * (int64_t)sizeof(T);
+  const T* krow[kBlock];
+  const T* vrow[kBlock];
+  const float* kf[kBlock];
+  const float* vf[kBlock];
+  __m512 dots[kBlock];
+  alignas(64) float probs[kBlock];
+  for (int64_t t0 = it.lo; t0 < it.hi; t0 += kBlock) {
+    const int n = (int)std::min<int64_t>(kBlock, it.hi - t0);
+    const __mmask16 valid = (__mmask16)((1u << n) - 1);
+    // Pull the next block's rows towards the cache while this one is computed.
+    const int64_t next_n = std::min<int64_t>(kBlock, it.hi - t0 - kBlock);
+    for (int64_t j = 0; j < next_n; ++j) {
+      const int64_t slot = slots[t0 + kBlock + j];
+      const char* kp = reinterpret_cast<const char*>(kbase + slot * p.k_stride_s);
+      const char* vp = reinterpret_cast<const char*>(vbase + slot * p.v_stride_s);
+      for (int64_t byte = 0; byte < k_bytes; byte += 64) _mm_prefetch(kp + byte, _MM_HINT_T0);
+      for (int64_t byte = 0; byte < v_bytes; byte += 64) _mm_prefetch(vp + byte, _MM_HINT_T0);
+    }
+    for (int64_t kvh = 0; kvh < p.kv_heads; ++kvh) {
+      for (int j = 0; j < n; ++j) {
+        krow[j] = kbase + (int64_t)slots[t0 + j] * p.k_stride_s + kvh * p.k_stride_h;
+        vrow[j] = vbase + (int64_t)slots[t0 + j] * p.v_stride_s + kvh * p.v_stride_h;
+      }
+      rows_fp32<NV>(krow, n, D, s.kf.data(), kf);
+      rows_fp32<NV>(vrow, n, D, s.vf.data(), vf);
+      for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+        // scores of the block: lane j = q_h . k_j
+        for (int j = 0; j < kBlock; ++j) {
+          if (j >= n) {
+            dots[j] = _mm512_setzero_ps();
+            continue;
+          }
+          __m512 dot = _mm512_mul_ps(qv[h * NV], _mm512_maskz_loadu_ps(lane_mask(0), kf[j]));
+          for (int vec = 1; vec < NV; ++vec)
+            dot = _mm512_fmadd_ps(qv[h * NV + vec],
+                                  _mm512_maskz_loadu_ps(lane_mask(vec), kf[j] + vec * 16), dot);
+          dots[j] = dot;
+        }
+        __m512 sc = sum_lanes16(dots);
+        if (p.cap > 0) {
+          _mm512_store_ps(probs, sc);
+          for (int j = 0; j < n; ++j) probs[j] = p.cap * std::tanh(probs[j] / p.cap);
+          sc = _mm512_load_ps(probs);
+        }
+        // online softmax: new running max, rescale what was summed, the block's probabilities
+        sc = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), valid, sc);
+        const float m_new = std::max(s.m[h], _mm512_reduce_max_ps(sc));
+        const float alpha = std::exp(s.m[h] - m_new);  // exp(-inf) = 0 on the first block
+        const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(sc, _mm512_set1_ps(m_new))));
+        _mm512_store_ps(probs, e);
+        s.l[h] = s.l[h] * alpha + _mm512_reduce_add_ps(e);
+        s.m[h] = m_new;
+        const __m512 a = _mm512_set1_ps(alpha);
+        for (int vec = 0; vec < NV; ++vec) {
+          __m512 sum = _mm512_mul_ps(acc[h * NV + vec], a);
+          for (int j = 0; j < n; ++j)
+            sum = _mm512_fmadd_ps(_mm512_set1_ps(probs[j]),
+                                  _mm512_maskz_loadu_ps(lane_mask(vec), vf[j] + vec * 16), sum);
+          acc[h * NV + vec] = sum;
+        }
+      }
+    }
+  }
+  for (int64_t h = 0; h < H; ++h) {
+    const float l = s.l[h];
+    const __m512 inv = _mm512_set1_ps(l > 0 ? 1.0f / l : 0.0f);
+    for (int vec = 0; vec < NV; ++vec)
+      _mm512_mask_storeu_ps(o + h * D + vec * 16, lane_mask(vec),
+                            _mm512_mul_ps(acc[h * NV + vec], inv));
+    lse[h] = l > 0 ? s.m[h] + std::log(l) : kNegInf;
+  }
+}
+
+template <typename T>
+void write_output(const Problem& p, int64_t b, const float* o, const float* lse) {
+  T* out = static_cast<T*>(p.out) + b * p.out_stride_b;
+  for (int64_t h = 0; h < p.heads; ++h) {
+    for (int64_t d = 0; d < p.head_dim; ++d) out[h * p.out_stride_h + d] = T(o[h * p.head_dim + d]);
+    if (p.lse) p.lse[b * p.lse_stride_b + h] = lse[h];
+  }
+}
+
+// One item per request, or several when the batch has too little parallel work for the
+// threads (few requests, long sequences). Request b's partial results, if split, take the
+// slots [first_part[b], first_part[b + 1]).
+std::vector<Item> plan(const Problem& p, int64_t batch, int64_t threads,
+                       std::vector<int64_t>& first_part) {
+  int64_t total = 0;
+  for (int64_t b = 0; b < batch; ++b) total += p.seq_lens[b] - first_key(p, b);
+  const int64_t target = (total + 4 * threads - 1) / (4 * threads);
+  const int64_t range = std::max(kMinRange, (target + kBlock - 1) / kBlock * kBlock);
+  std::vector<Item> items;
+  int64_t parts = 0;
+  first_part.assign(batch + 1, 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t lo = first_key(p, b), hi = p.seq_lens[b];
+    const int64_t pieces = std::max<int64_t>(1, (hi - lo + range - 1) / range);
+    const int64_t step = ((hi - lo + pieces - 1) / pieces + kBlock - 1) / kBlock * kBlock;
+    first_part[b] = parts;
+    for (int64_t i = 0; i < pieces; ++i) {
+      const int64_t a = std::min(hi, lo + i * step), z = std::min(hi, lo + (i + 1) * step);
+      items.push_back({b, a, z, pieces == 1 ? -1 : parts++});
+    }
+  }
+  first_part[batch] = parts;
+  return items;
+}
+
+template <typename T, int NV>
+void run(const Problem& p, int64_t batch) {
+  const int64_t threads = at::get_num_threads();
+  std::vector<int64_t> first_part;
+  const std::vector<Item> items = plan(p, batch, threads, first_part);
+  const int64_t H = p.heads, D = p.head_dim;
+  const int64_t parts = first_part[batch];
+  std::vector<float> part_o(parts * H * D), part_lse(parts * H);
+  std::atomic<int64_t> next{0};
+  const int64_t count = (int64_t)items.size();
+  // One task per thread, each taking items from a shared counter: ragged items balance out.
+  at::parallel_for(0, std::min(threads, count), 1, [&](int64_t begin, int64_t end) {
+    Scratch s(H, NV, D);
+    for (int64_t task = begin; task < end; ++task) {
+      for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) {
+        const Item& it = items[i];
+        if (it.part < 0) {
+          attend_range<T, NV>(p, it, s.o.data(), s.lse.data(), s);
+          write_output<T>(p, it.b, s.o.data(), s.lse.data());
+        } else {
+          attend_range<T, NV>(p, it, part_o.data() + it.part * H * D,
+                              part_lse.data() + it.part * H, s);
+        }
+      }
+    }
+  });
+  if (parts == 0) return;
+  // Merge the ranges of each split request by their log-sum-exp.
+  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> o(H * D), lse(H);
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t first = first_part[b], pieces = first_part[b + 1] - first;
+      if (pieces == 0) continue;
+      for (int64_t h = 0; h < H; ++h) {
+        float top = kNegInf;
+        for (int64_t i = 0; i < pieces; ++i) top = std::max(top, part_lse[(first + i) * H + h]);
+        float total = 0.0f;
+        std::fill(o.begin() + h * D, o.begin() + (h + 1) * D, 0.0f);
+        if (top != kNegInf) {
+          for (int64_t i = 0; i < pieces; ++i) {
+            const float w = std::exp(part_lse[(first + i) * H + h] - top);
+            total += w;
+            const float* src = part_o.data() + ((first + i) * H + h) * D;
+            for (int64_t d = 0; d < D; ++d) o[h * D + d] += w * src[d];
+          }
+          for (int64_t d = 0; d < D; ++d) o[h * D + d] /= total;
+        }
+        lse[h] = top == kNegInf ? kNegInf : top + std::log(total);
+      }
+      write_output<T>(p, b, o.data(), lse.data());
+    }
+  });
+}
+
+template <typename T>
+void dispatch(const Problem& p, int64_t batch) {
+  switch ((p.head_dim + 15) / 16) {
+#define RADIXFLOW_CASE(nv) \
+  case nv:                 \
+    return run<T, nv>(p, batch);
+    RADIXFLOW_CASE(1) RADIXFLOW_CASE(2) RADIXFLOW_CASE(3) RADIXFLOW_CASE(4)
+    RADIXFLOW_CASE(5) RADIXFLOW_CASE(6) RADIXFLOW_CASE(7) RADIXFLOW_CASE(8)
+    RADIXFLOW_CASE(9) RADIXFLOW_CASE(10) RADIXFLOW_CASE(11) RADIXFLOW_CASE(12)
+    RADIXFLOW_CASE(13) RADIXFLOW_CASE(14) RADIXFLOW_CASE(15) RADIXFLOW_CASE(16)
+#undef RADIXFLOW_CASE
+  }
+}
+
+void decode_attention(const at::Tensor& q, const at::Tensor& k_buffer, const at::Tensor& v_buffer,
+                      const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                      const at::Tensor& seq_lens, double sm_scale, double logit_cap,
+                      int64_t sliding_window, const at::Tensor& out,
+                      const std::optional<at::Tensor>& lse) {
+  TORCH_CHECK(q.dim() == 3 && k_buffer.dim() == 3 && v_buffer.sizes() == k_buffer.sizes(),
+              "q must be [B, H, D] and k/v buffers [S, KVH, D]");
+  TORCH_CHECK(q.device().is_cpu() && k_buffer.device().is_cpu() && v_buffer.device().is_cpu(),
+              "all tensors must be on the CPU");
+  TORCH_CHECK(q.scalar_type() == k_buffer.scalar_type() &&
+                  q.scalar_type() == v_buffer.scalar_type() && out.scalar_type() == q.scalar_type(),
+              "q, k_buffer, v_buffer and out must share one dtype");
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
+              "dtype must be float32 or bfloat16");
+  const int64_t batch = q.size(0), heads = q.size(1), head_dim = q.size(2);
+  const int64_t kv_heads = k_buffer.size(1);
+  TORCH_CHECK(k_buffer.size(2) == head_dim && heads % kv_heads == 0,
+              "q heads/dim do not fit the KV heads/dim");
+  TORCH_CHECK(head_dim <= 16 * kMaxVecs, "head_dim must be at most 256");
+  TORCH_CHECK(q.stride(2) == 1 && k_buffer.stride(2) == 1 && v_buffer.stride(2) == 1 &&
+                  out.stride(2) == 1 && req_to_token.stride(1) == 1,
+              "q, k/v buffers, out and req_to_token must be contiguous in the last dim");
+  TORCH_CHECK(out.sizes() == q.sizes(), "out must have q's shape");
+  TORCH_CHECK(req_to_token.dim() == 2 && req_to_token.scalar_type() == at::kInt,
+              "req_to_token must be a 2-D int32 tensor");
+  TORCH_CHECK(req_pool_indices.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong &&
+                  req_pool_indices.is_contiguous() && seq_lens.is_contiguous() &&
+                  req_pool_indices.numel() == batch && seq_lens.numel() == batch,
+              "req_pool_indices and seq_lens must be contiguous int64 [B]");
+  if (lse) {
+    TORCH_CHECK(lse->scalar_type() == at::kFloat && lse->dim() == 2 && lse->size(0) == batch &&
+                    lse->size(1) == heads && lse->stride(1) == 1,
+                "lse must be float32 [B, H] with a contiguous last dim");
+  }
+  const int64_t* lens = seq_lens.data_ptr<int64_t>();
+  const int64_t* rows = req_pool_indices.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(rows[b] >= 0 && rows[b] < req_to_token.size(0), "req_pool_indices out of range");
+    TORCH_CHECK(lens[b] >= 0 && lens[b] <= req_to_token.size(1), "seq_lens out of range");
+  }
+  Problem p{q.data_ptr(),
+            k_buffer.data_ptr(),
+            v_buffer.data_ptr(),
+            req_to_token.data_ptr<int32_t>(),
+            rows,
+            lens,
+            out.data_ptr(),
+            lse ? lse->data_ptr<float>() : nullptr,
+            q.stride(0),
+            q.stride(1),
+            k_buffer.stride(0),
+            k_buffer.stride(1),
+            v_buffer.stride(0),
+            v_buffer.stride(1),
+            req_to_token.stride(0),
+            out.stride(0),
+            out.stride(1),
+            lse ? lse->stride(0) : 0,
+            heads,
+            kv_heads,
+            heads / kv_heads,
+            head_dim,
+            sliding_window,
+            (float)sm_scale,
+            (float)logit_cap};
+  if (q.scalar_type() == at::kFloat) {
+    dispatch<float>(p, batch);
+  } else {
+    dispatch<c10::BFloat16>(p, batch);
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(radixflow_cpu, m) {
+  m.def(
+      "decode_attention(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor req_to_token, "
+      "Tensor req_pool_indices, Tensor seq_lens, float sm_scale, float logit_cap, "
+      "int sliding_window, Tensor(a!) out, Tensor(b!)? lse) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(radixflow_cpu, CPU, m) { m.impl("decode_attention", &decode_attention); }

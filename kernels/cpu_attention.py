@@ -1,0 +1,201 @@
+"""Paged decode attention compiled for the CPU (kernels/cpu/decode_attention.cpp).
+
+The C++ source is built once with torch's extension builder (ninja + the system C++ compiler,
+`-O3 -march=native -fopenmp`) into `$RADIXFLOW_CACHE_DIR/cpu_kernels` (default
+`~/.cache/radixflow/cpu_kernels`), in a folder keyed by the source, the flags, the torch
+version and this CPU's instruction-set flags; later processes only load the built library.
+When the CPU lacks AVX-512 or the build fails, `cpu_decode_attention_available()` is False,
+one warning says why, and callers keep their torch path. The torch twin is
+`radixflow.kernels.decode_attention.decode_attention_ref`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parent / "cpu" / "decode_attention.cpp"
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+LDFLAGS = ["-fopenmp"]
+DTYPES = (torch.float32, torch.bfloat16)
+MAX_HEAD_DIM = 256
+
+
+def build_root() -> Path:
+    """`$RADIXFLOW_CACHE_DIR/cpu_kernels`, or `~/.cache/radixflow/cpu_kernels`."""
+    base = os.environ.get("RADIXFLOW_CACHE_DIR")
+    return (Path(base) if base else Path.home() / ".cache" / "radixflow") / "cpu_kernels"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cpu_supported() -> bool:
+    """Whether this CPU can run the kernel (x86-64 with AVX-512F)."""
+    return platform.machine() in ("x86_64", "AMD64") and "avx512f" in _cpu_flags()
+
+
+def build(root: Path | None = None) -> bool:
+    """Compile (or reuse) and load the kernel library; False, with a warning, when it cannot."""
+    flags = _cpu_flags()
+    if not cpu_supported():
+        warnings.warn(
+            "radixflow: this CPU has no AVX-512; decode attention uses the torch path",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    source = SOURCE.read_bytes()
+    key = b"|".join(
+        [source, " ".join(CFLAGS + LDFLAGS).encode(), torch.__version__.encode()]
+        + [" ".join(sorted(flags)).encode()]
+    )
+    folder = (root or build_root()) / f"decode_attention-{hashlib.sha256(key).hexdigest()[:16]}"
+    try:
+        from torch.utils.cpp_extension import load
+
+        folder.mkdir(parents=True, exist_ok=True)
+        load(
+            name="radixflow_cpu_attention",
+            sources=[str(SOURCE)],
+            extra_cflags=CFLAGS,
+            extra_ldflags=LDFLAGS,
+            build_directory=str(folder),
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as exc:  # no compiler, no ninja, a failed build: keep the torch path
+        warnings.warn(
+            f"radixflow: could not build the CPU attention kernel ({type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}); "
+            "decode attention uses the torch path",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    return True
+
+
+@functools.cache
+def cpu_decode_attention_available() -> bool:
+    """True when the compiled kernel is loaded (built on the first call of the process)."""
+    return build()
+
+
+def supports(dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the loaded kernel handles this pool dtype and head size."""
+    return dtype in DTYPES and 0 < head_dim <= MAX_HEAD_DIM and cpu_decode_attention_available()
+
+
+def decode_attention_cpu(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    logit_cap: float = 0.0,
+    sliding_window: int = -1,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of q [B, H, D] over each request's paged K/V; returns o [B, H, D] (into out).
+
+    Request i reads slots req_to_token[req_pool_indices[i], :seq_lens[i]] of k_buffer/v_buffer
+    [S, KVH, D] (q, the buffers and out share one dtype, float32 or bfloat16; the math is fp32);
+    query head h uses KV head h // (H // KVH). Scores are q.k * sm_scale, soft-capped to
+    logit_cap * tanh(score / logit_cap) when logit_cap > 0; with sliding_window > 0 request i
+    sees only its last sliding_window keys. When lse [B, H] float32 is given it receives each
+    query's log-sum-exp of its (capped) scores, -inf for an empty sequence (whose output is 0).
+    req_to_token may be a column slice (req_to_token[:, start:]) to attend a suffix only.
+    """
+    if not cpu_decode_attention_available():
+        raise RuntimeError("the CPU attention kernel is not available on this machine")
+    _check_args(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sm_scale)
+    if logit_cap < 0:
+        raise ValueError(f"logit_cap must be >= 0 (0 disables), got {logit_cap}")
+    if sliding_window == 0 or sliding_window < -1:
+        raise ValueError(f"sliding_window must be positive or -1, got {sliding_window}")
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(
+            f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim, got "
+            f"{tuple(out.shape)} {out.dtype}"
+        )
+    if lse is not None and (
+        lse.shape != q.shape[:2] or lse.dtype != torch.float32 or lse.stride(-1) != 1
+    ):
+        raise ValueError(f"lse must be float32 {tuple(q.shape[:2])}, got {tuple(lse.shape)}")
+    torch.ops.radixflow_cpu.decode_attention(
+        q if q.stride(-1) == 1 else q.contiguous(),
+        k_buffer,
+        v_buffer,
+        req_to_token,
+        req_pool_indices.to(torch.int64).contiguous(),
+        seq_lens.to(torch.int64).contiguous(),
+        float(sm_scale),
+        float(logit_cap),
+        int(sliding_window),
+        out,
+        lse,
+    )
+    return out
+
+
+def _check_args(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+) -> None:
+    if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape:
+        raise ValueError(
+            f"expected q [B,H,D] and k/v buffers [S,KVH,D] of one shape, got q {tuple(q.shape)}, "
+            f"k_buffer {tuple(k_buffer.shape)}, v_buffer {tuple(v_buffer.shape)}"
+        )
+    if q.shape[2] != k_buffer.shape[2] or q.shape[1] % k_buffer.shape[1] != 0:
+        raise ValueError(
+            f"q heads/dim {tuple(q.shape[1:])} do not fit KV heads/dim {tuple(k_buffer.shape[1:])}"
+        )
+    if q.shape[2] > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be at most {MAX_HEAD_DIM}, got {q.shape[2]}")
+    if q.dtype not in DTYPES or k_buffer.dtype != q.dtype or v_buffer.dtype != q.dtype:
+        raise ValueError(
+            f"q and the k/v buffers must share one dtype of {DTYPES}, got {q.dtype}, "
+            f"{k_buffer.dtype}, {v_buffer.dtype}"
+        )
+    if any(t.device.type != "cpu" for t in (q, k_buffer, v_buffer, req_to_token)):
+        raise ValueError("the CPU attention kernel takes CPU tensors only")
+    if k_buffer.stride(-1) != 1 or v_buffer.stride(-1) != 1:
+        raise ValueError("k_buffer and v_buffer must be contiguous in the last dim")
+    if req_to_token.dim() != 2 or req_to_token.dtype != torch.int32 or req_to_token.stride(1) != 1:
+        raise ValueError(
+            f"req_to_token must be 2-D int32 with contiguous rows, got "
+            f"{tuple(req_to_token.shape)} {req_to_token.dtype}"
+        )
+    if req_pool_indices.shape != (q.shape[0],) or seq_lens.shape != (q.shape[0],):
+        raise ValueError(
+            f"req_pool_indices {tuple(req_pool_indices.shape)} and seq_lens "
+            f"{tuple(seq_lens.shape)} must both be [{q.shape[0]}]"
+        )
+    if sm_scale <= 0:
+        raise ValueError(f"sm_scale must be positive, got {sm_scale}")
