@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -44,3 +45,13 @@ def print_table(headers: list[str], rows: list[list[object]]) -> None:
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for row in cells[1:]:
         print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+
+
+def passage(rng: random.Random, words: int) -> str:
+    """Seeded filler prose of `words` words (for prompts whose content does not matter)."""
+    vocab = (
+        "the of and a to in is was it for on with as by at from that this which be are an "
+        "river mountain city old new water light stone bridge forest long small great north "
+        "south people built years ago known famous across between above under during"
+    ).split()
+    return " ".join(rng.choice(vocab) for _ in range(words)).capitalize() + "."

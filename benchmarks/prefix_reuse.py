@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 import transformers
-from common import print_table
+from common import passage, print_table
 
 import radixflow as rf
 
@@ -29,15 +29,6 @@ Wave = list[tuple[list[int], int]]  # (prompt ids, output tokens)
 Workload = Callable[[Callable[[Wave], list[list[int]]]], list[Wave]]
 
 TOPICS = ["rivers", "volcanoes", "bridges", "forests", "satellites", "deserts", "glaciers"]
-
-
-def passage(rng: random.Random, words: int) -> str:
-    vocab = (
-        "the of and a to in is was it for on with as by at from that this which be are an "
-        "river mountain city old new water light stone bridge forest long small great north "
-        "south people built years ago known famous across between above under during"
-    ).split()
-    return " ".join(rng.choice(vocab) for _ in range(words)).capitalize() + "."
 
 
 def few_shot(tokenizer, n_questions: int) -> Callable:

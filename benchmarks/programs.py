@@ -2,8 +2,9 @@
 
     python benchmarks/programs.py [--quick] [--dtype float32|bfloat16|auto]
 
-Workloads: MMLU-style 5-shot `select`, JSON extraction, tree of thought (fork 3), a ReAct agent
-loop, multi-turn chat. Executors: radixflow (Runtime), radixflow with the radix cache off, and a
+Workloads: MMLU-style 5-shot `select`, JSON extraction, tree of thought (2 plans, each carried
+out twice, each result rated: nested forks), a ReAct agent loop, multi-turn chat (4 turns of
+~250-token user messages with 8-token answers, as in SGLang's multi-turn benchmark). Executors: radixflow (Runtime), radixflow with the radix cache off, and a
 plain executor over transformers that re-encodes the whole prompt for every call and runs one
 program at a time (what guidance or LMQL do). The same @function programs run on all three; all
 decoding is greedy. Prints programs/s, latency p50 and the prompt-token cache hit rate.
@@ -12,6 +13,7 @@ decoding is greedy. Prints programs/s, latency p50 and the prompt-token cache hi
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -25,7 +27,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import print_table  # noqa: E402
+from common import passage, print_table  # noqa: E402
 
 import radixflow as rf  # noqa: E402
 from radixflow.frontend.backend import Backend, Prompt, RequestError  # noqa: E402
@@ -95,14 +97,22 @@ def json_extract(s, text):
 
 @rf.function
 def tree_of_thought(s, question):
-    s += rf.system("You are a careful problem solver.")
-    s += rf.user(question)
-    s += rf.assistant_begin()
-    forks = s.fork(3)
-    forks += lambda i: f"Approach {i + 1}:" + rf.gen("plan", max_tokens=16, stop="\n")
-    forks.join()
-    s += "Best approach:" + rf.gen("final", max_tokens=16, stop="\n")
-    s += rf.assistant_end()
+    """The paper's deep tree: 2 plans, each carried out twice, each result rated (8 leaves)."""
+    s += rf.system("You are a careful problem solver who thinks before answering.")
+    s += rf.user(
+        f"Question: {question}\nFirst propose a plan: which approach would you take, and why? "
+        "Name the steps in a few words each, but do not carry them out yet."
+    )
+    plans = s.fork(2)
+    plans += rf.assistant(rf.gen("plan", max_tokens=24))
+    plans += rf.user("Good. Now carry out your plan step by step and state the outcome.")
+    for plan in plans:
+        runs = plan.fork(2)
+        runs += rf.assistant(rf.gen("solution", max_tokens=24))
+        runs += rf.user("Rate how well that solution answers the question, from 1 to 5.")
+        runs += rf.assistant(rf.gen("score", max_tokens=4))
+        runs.join()
+    plans.join()
 
 
 PROBLEMS = [
@@ -156,16 +166,21 @@ def react(s, question):
 COUNTRIES = ["Japan", "Brazil", "Kenya", "Canada", "Norway", "Chile", "India", "Spain"]
 
 
+def chat_turns(seed: int) -> list[str]:
+    """The paper's multi-turn chat shape: 4 turns of long user messages, short answers."""
+    rng = random.Random(seed)
+    return [
+        f"Here is part {t + 1} of my notes: {passage(rng, 200)}\nWhat is this part about?"
+        for t in range(4)
+    ]
+
+
 @rf.function
-def chat(s, topic):
+def chat(s, turns):
     s += rf.system("You are a friendly, concise assistant.")
-    for turn in (
-        f"Tell me one fact about {topic}.",
-        "Why is that interesting?",
-        "Summarise it in five words.",
-    ):
+    for turn in turns:
         s += rf.user(turn)
-        s += rf.assistant(rf.gen("answer", max_tokens=24))
+        s += rf.assistant(rf.gen("answer", max_tokens=8))
 
 
 WORKLOADS: dict[str, tuple[rf.SglFunction, list[dict[str, Any]]]] = {
@@ -173,7 +188,7 @@ WORKLOADS: dict[str, tuple[rf.SglFunction, list[dict[str, Any]]]] = {
     "json extraction": (json_extract, [{"text": t} for t in PEOPLE]),
     "tree of thought": (tree_of_thought, [{"question": q} for q in PROBLEMS]),
     "react agent": (react, [{"question": f"What is the population of {c}?"} for c in COUNTRIES]),
-    "multi-turn chat": (chat, [{"topic": c} for c in COUNTRIES]),
+    "multi-turn chat": (chat, [{"turns": chat_turns(seed)} for seed in range(8)]),
 }
 
 
@@ -227,7 +242,7 @@ class TransformersBackend(Backend):
             raise RequestError("the transformers executor scores conditional logprobs only")
         return method(choices=choices, input_token_logprobs=scored)
 
-    def cache_prefix(self, text: str) -> None:
+    def pin_prefix(self, text: str) -> None:
         """Nothing is cached: this executor re-encodes every prompt."""
 
     def flush_cache(self) -> None:
@@ -257,11 +272,11 @@ def run_workload(
         latencies.append(time.perf_counter() - start)
 
     start = time.perf_counter()
-    prefix = program.trace(backend=backend).prefix  # what run_batch does: cache it once
-    if prefix:
-        backend.cache_prefix(prefix)
+    prefix = program.trace(backend=backend).prefix  # what run_batch does: pin it once
+    pin = backend.pin_prefix(prefix) if prefix else None
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(one, batch))
+    backend.unpin_prefix(pin)
     wall = time.perf_counter() - start
     after = backend.get_server_info()
     prompt = after["prompt_tokens"] - before["prompt_tokens"]

@@ -46,8 +46,16 @@ class Backend(ABC):
         """Score every choice as a continuation of the prompt and let `method` decide."""
 
     @abstractmethod
-    def cache_prefix(self, text: str) -> None:
-        """Compute and cache the KV of `text` so later requests sharing it skip it (a hint)."""
+    def pin_prefix(self, text: str) -> Any:
+        """Compute and cache the KV of `text` so later requests sharing it skip it. Returns a
+        handle that keeps it cached until `unpin_prefix`, or None where the backend can only
+        hint (the cache may then evict it)."""
+
+    def unpin_prefix(self, handle: Any) -> None:
+        """Release what `pin_prefix` returned (None, from a backend that only hints, needs
+        nothing); backends that pin override this."""
+        if handle is not None:
+            raise TypeError(f"{type(self).__name__} pins nothing, yet got the pin {handle!r}")
 
     @abstractmethod
     def flush_cache(self) -> None:

@@ -171,7 +171,8 @@ class RuntimeEndpoint(Backend):
             choices=choices, input_token_logprobs=scored, unconditional_token_logprobs=unconditional
         )
 
-    def cache_prefix(self, text: str) -> None:
+    def pin_prefix(self, text: str) -> None:
+        """SGLang's HTTP API has no pins: the prefix is computed once and cached as a hint."""
         if text:
             checked(self._post("/generate", {"text": text, "sampling_params": _PREFILL_ONLY}))
 

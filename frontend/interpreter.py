@@ -119,6 +119,8 @@ class StreamExecutor:
         self.cur_role_begin = parent.cur_role_begin if parent else 0
         self.scopes: dict[str, int] = dict(parent.scopes) if parent else {}
         self.fork_start = len(self.text_)
+        self.root: StreamExecutor = parent.root if parent else self
+        self._pins: list[Any] = []  # the root's: prefixes its forks pinned, held until release_pins
         self.error_: ProgramError | None = None
         self.children: list[StreamExecutor] = []
         self._cond = threading.Condition()
@@ -154,6 +156,13 @@ class StreamExecutor:
         with self._cond:
             self._cond.wait_for(lambda: self._pending == 0)
 
+    def release_pins(self) -> None:
+        """Unpin the prefixes this program's forks pinned (call on the root once it is done)."""
+        with self._cond:
+            pins, self._pins = self._pins, []
+        for pin in pins:
+            self.backend.unpin_prefix(pin)
+
     def wait_done(self) -> None:
         with self._cond:
             self._cond.wait_for(lambda: self._done)
@@ -186,11 +195,14 @@ class StreamExecutor:
             raise self.error_
         if n > 1:  # compute the shared prefix once; the branches then hit the cache
             try:
-                self.backend.cache_prefix(self.text_)
+                pin = self.backend.pin_prefix(self.text_)
             except Exception as exc:
                 error = ProgramError(f"fork failed to cache its prefix: {exc}", site)
                 self.fail(error)
                 raise error from exc
+            if pin is not None:
+                with self.root._cond:
+                    self.root._pins.append(pin)
         children = [
             StreamExecutor(self.backend, self.defaults, self.stream, self) for _ in range(n)
         ]

@@ -183,7 +183,7 @@ class OpenAI(Backend):
                     out[c.index].append((logprob, -1, token))
         return out
 
-    def cache_prefix(self, text: str) -> None:
+    def pin_prefix(self, text: str) -> None:
         """Nothing to do: an OpenAI-compatible server decides its prompt caching itself."""
 
     def flush_cache(self) -> None:

@@ -149,6 +149,7 @@ class SglFunction:
         finally:
             executor.end()
             executor.wait_done()
+            executor.release_pins()
 
     def run_batch(
         self,
@@ -205,10 +206,11 @@ class SglFunction:
                 f"num_threads must be 'auto' or a positive integer, got {num_threads!r}"
             )
         num_threads = max(1, min(num_threads, len(batch_kwargs)))
+        pin = None
         if len(batch_kwargs) > 1:
             prefix = self.trace(backend=backend).prefix
             if prefix:
-                backend.cache_prefix(prefix)
+                pin = backend.pin_prefix(prefix)
 
         def one(kw: dict[str, Any]) -> ProgramState:
             state = ProgramState(StreamExecutor(backend, defaults))
@@ -216,6 +218,12 @@ class SglFunction:
             return state
 
         def run_all() -> Iterator[ProgramState]:
+            try:
+                yield from run_pinned()
+            finally:
+                backend.unpin_prefix(pin)
+
+        def run_pinned() -> Iterator[ProgramState]:
             with ThreadPoolExecutor(num_threads) as pool:
                 futures = [pool.submit(one, kw) for kw in batch_kwargs]
                 with tqdm(total=len(futures), disable=not progress_bar) as bar:

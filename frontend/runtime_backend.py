@@ -21,7 +21,7 @@ from radixflow.frontend.backend import (
 from radixflow.frontend.chat_template import ChatTemplate, chat_template_from_tokenizer
 from radixflow.frontend.choices import ChoicesDecision, ChoicesSamplingMethod
 from radixflow.frontend.ir import GenArgs
-from radixflow.runtime.engine import Engine
+from radixflow.runtime.engine import Engine, PinnedPrefix
 
 _PREFILL_ONLY = {"max_new_tokens": 0}
 
@@ -118,9 +118,17 @@ class Runtime(Backend):
             choices=choices, input_token_logprobs=scored, unconditional_token_logprobs=unconditional
         )
 
-    def cache_prefix(self, text: str) -> None:
-        if text and self.cache_enabled:
-            checked(self.engine.generate(text, _PREFILL_ONLY))
+    def pin_prefix(self, text: str) -> PinnedPrefix | None:
+        if not text or not self.cache_enabled:
+            return None
+        try:
+            return self.engine.pin_prefix(text)
+        except (ValueError, RuntimeError) as exc:
+            raise RequestError(str(exc)) from exc
+
+    def unpin_prefix(self, handle: PinnedPrefix | None) -> None:
+        if handle is not None:
+            self.engine.unpin_prefix(handle)
 
     def flush_cache(self) -> None:
         self.engine.flush_cache()

@@ -55,8 +55,13 @@ class EngineConfig:
     speculative_algorithm: str = _knob(
         "none",
         "speculative decoding: ngram proposes what followed the context's tail earlier in the "
-        "prompt or output, verified losslessly in one forward",
-        ("none", "ngram"),
+        "prompt or output, draft runs speculative_draft_model; verified losslessly in one forward",
+        ("none", "ngram", "draft"),
+    )
+    speculative_draft_model: str | None = _knob(
+        None,
+        "draft model for speculative_algorithm=draft (HF folder, .gguf or hub id); it must "
+        "share the target's vocabulary",
     )
     speculative_num_tokens: int = _knob(
         4, "tokens proposed per request and step at most (adapted to each request's acceptance)"
@@ -84,6 +89,13 @@ class EngineConfig:
         if self.speculative_num_tokens < 1:
             raise ValueError(
                 f"speculative_num_tokens must be >= 1, got {self.speculative_num_tokens}"
+            )
+        if self.speculative_algorithm == "draft" and not self.speculative_draft_model:
+            raise ValueError('speculative_algorithm="draft" needs speculative_draft_model')
+        if self.speculative_draft_model and self.speculative_algorithm != "draft":
+            raise ValueError(
+                "speculative_draft_model is set but speculative_algorithm is "
+                f'{self.speculative_algorithm!r}, not "draft"'
             )
         if self.speculative_max_batch < 1:
             raise ValueError(

@@ -34,7 +34,7 @@ from radixflow.runtime.request import LogprobRequest, Req
 from radixflow.runtime.sampler import RequestSampler, Sampler, SamplingBatch
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.scheduler import ScheduledStep, Scheduler, SchedulerLimits
-from radixflow.runtime.speculative import Speculator
+from radixflow.runtime.speculative import Speculator, build_speculator
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,21 @@ class _Flush:
     done: queue.Queue
 
 
+@dataclass
+class _Unpin:
+    pin_id: str
+    done: queue.Queue
+
+
+@dataclass(frozen=True)
+class PinnedPrefix:
+    """A prefix held in the radix cache until `Engine.unpin_prefix`; `tokens` says how many of
+    its tokens are pinned (0: the cache is off or pins already hold half of the pool)."""
+
+    pin_id: str
+    tokens: int
+
+
 class Engine:
     """SGLang-style offline engine. `rf.Engine()` loads the default model."""
 
@@ -89,20 +104,14 @@ class Engine:
             ),
         )
         self.sampler = Sampler(seed=self.config.random_seed)
-        self.speculator: Speculator | None = None
-        if self.config.speculative_algorithm == "ngram":
-            self.speculator = Speculator(
-                num_tokens=self.config.speculative_num_tokens,
-                max_batch=self.config.speculative_max_batch,
-                sampler=self.sampler,
-                vocab_size=self.vocab_size,
-                context_length=self.context_length,
-            )
+        self.speculator: Speculator | None = build_speculator(
+            self.config, self.runner, self.tokenizer, self.sampler
+        )
         self.grammars = GrammarBackend(
             self.tokenizer, self.vocab_size, self.eos_token_ids, self.config.grammar_compile_timeout
         )
         self._sinks: dict[str, _Sink] = {}
-        self._inbox: queue.Queue[_Submission | _Flush | str] = queue.Queue()
+        self._inbox: queue.Queue[_Submission | _Flush | _Unpin | str] = queue.Queue()
         self._wake = threading.Event()
         self._stopped = False
         self._counter = itertools.count()
@@ -116,6 +125,7 @@ class Engine:
             "spec_verify_steps": 0,  # request-steps that verified drafts
             "spec_draft_tokens": 0,
             "spec_accepted_tokens": 0,  # drafts accepted (the token after them not counted)
+            "pinned_tokens": 0,
         }
         self._thread = threading.Thread(target=self._loop, name="radixflow-engine", daemon=True)
         self._thread.start()
@@ -200,6 +210,33 @@ class Engine:
         error = done.get()
         if error is not None:
             raise error
+
+    def pin_prefix(
+        self, prompt: str | None = None, input_ids: list[int] | None = None
+    ) -> PinnedPrefix:
+        """Compute the KV of a prefix and keep it in the radix cache, never evicted, until
+        `unpin_prefix`: what a program that forks or batches over the prefix does first."""
+        groups, batched = self._make_requests(
+            prompt, {"max_new_tokens": 0}, input_ids, False, None, None, False, None
+        )
+        if batched:
+            raise ValueError("pin_prefix takes one prompt, not a list")
+        req = groups[0][0]
+        req.pin_id = req.rid
+        out = self._wait_final_sync(self._submit(req, _Sink()))
+        reason = out["meta_info"]["finish_reason"]
+        if reason["type"] == "abort":
+            raise RuntimeError(f"pin_prefix failed: {reason.get('message')}")
+        return PinnedPrefix(req.rid, out["meta_info"]["pinned_tokens"])
+
+    def unpin_prefix(self, pin: PinnedPrefix) -> None:
+        """Let the cache evict a pinned prefix again (after a flush, or shut down: nothing to do)."""
+        if self._stopped:
+            return
+        done: queue.Queue[None] = queue.Queue()
+        self._inbox.put(_Unpin(pin.pin_id, done))
+        self._wake.set()
+        done.get()
 
     def cache_hit_rate(self) -> float:
         """Fraction of finished requests' prompt tokens served from the prefix cache."""
@@ -376,6 +413,7 @@ class Engine:
                 for req in list(self.scheduler.running):
                     self.scheduler.remove(req)
                     self._finish(req, {"type": "abort", "message": f"engine error: {exc!r}"})
+        self._drain_inbox()  # answer what arrived during shutdown: requests are aborted below
         for req in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.remove(req)
             self._finish(req, {"type": "abort", "message": "engine shut down"})
@@ -394,6 +432,11 @@ class Engine:
                     item.done.put(None)
                 except RuntimeError as exc:
                     item.done.put(exc)
+                self.stats["pinned_tokens"] = self.scheduler.pinned_tokens
+            elif isinstance(item, _Unpin):
+                self.scheduler.unpin(item.pin_id)
+                self.stats["pinned_tokens"] = self.scheduler.pinned_tokens
+                item.done.put(None)
             else:
                 self._sinks[item.req.rid] = item.sink
                 self.scheduler.add(item.req)
@@ -431,6 +474,9 @@ class Engine:
             req = step.reqs[i]
             if req.params.max_new_tokens == 0:  # prefill only: cache the prompt, score it
                 self.scheduler.remove(req)
+                if req.pin_id is not None:
+                    req.pinned_tokens = self.scheduler.pin(req.pin_id, req.prompt_ids)
+                    self.stats["pinned_tokens"] = self.scheduler.pinned_tokens
                 self._finish(req, {"type": "length", "length": 0})
             else:
                 sampled.append((req, row))
@@ -545,6 +591,8 @@ class Engine:
 
     def _finish(self, req: Req, reason: dict[str, Any]) -> None:
         req.finish_reason = reason
+        if self.speculator is not None:
+            self.speculator.release(req)
         if reason["type"] != "stop" or not isinstance(reason.get("matched"), str):
             req.detokenizer.flush(req.output_ids)
         self.stats["prompt_tokens"] += len(req.prompt_ids)
@@ -569,6 +617,8 @@ class Engine:
         }
         if req.first_token_time is not None:
             meta["ttft"] = req.first_token_time - req.created
+        if req.pin_id is not None:
+            meta["pinned_tokens"] = req.pinned_tokens
         if self.speculator is not None:
             meta["spec_accept_length"] = req.sampled_tokens / max(1, req.sample_steps)
         if req.logprob.return_logprob:

@@ -56,6 +56,8 @@ class Req:
     spec: Any = None  # speculative.SpecState once the request has speculated
     sample_steps: int = 0  # steps that sampled for this request (speculation on)
     sampled_tokens: int = 0  # tokens those steps appended
+    pin_id: str | None = None  # a pin_prefix request: lock its prompt in the tree when done
+    pinned_tokens: int = 0
 
     @property
     def fill_len(self) -> int:

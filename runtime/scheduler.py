@@ -9,6 +9,8 @@ radix tree's (shared, locked through `req.last_node`), the rest are its own. Pre
 finished requests are inserted into the tree, so later requests (and the next chat turn) hit.
 When pages run out the tree evicts least-recently-used unlocked prefixes first; only then are
 the newest running requests retracted to the front of the queue, keeping their output.
+Programs may pin prefixes they will reuse (a fork's shared text): pinned tree nodes stay locked,
+so never evicted, until unpinned; pins hold at most MAX_PINNED_FRACTION of the pool.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ LPM_MAX_QUEUE = 128
 # Waiting requests sharing this many uncached tokens with one admitted in the same round wait
 # for it to warm the cache instead of computing the same prefix twice.
 IN_BATCH_PREFIX_THRESHOLD = 32
+# Pins beyond this share of the pool would leave running requests too little room.
+MAX_PINNED_FRACTION = 0.5
 
 
 @dataclass
@@ -57,6 +61,8 @@ class Scheduler:
         self.running: list[Req] = []
         self.num_retractions = 0
         self.failed: list[Req] = []  # requests the pool can never hold; the engine reports them
+        self.pins: dict[str, tuple[TreeNode, int]] = {}  # pin id -> (locked tree node, tokens)
+        self.pinned_tokens = 0
 
     # -- queue ---------------------------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -74,9 +80,36 @@ class Scheduler:
             self.waiting.remove(req)
 
     def flush_cache(self) -> None:
+        """Empty the tree, pinned prefixes included."""
         if self.running or self.waiting:
             raise RuntimeError("cannot flush the cache while requests are running or waiting")
+        for pin_id in list(self.pins):
+            self.unpin(pin_id)
         self.cache.reset()
+
+    # -- pinned prefixes -------------------------------------------------------------------------
+    def pin(self, pin_id: str, ids: list[int]) -> int:
+        """Lock the cached part of `ids` in the tree until unpin; returns the tokens pinned
+        (0 with the cache off, or when pins would hold more than MAX_PINNED_FRACTION of the
+        pool: the prefix then stays cached as an ordinary, evictable entry)."""
+        if self.cache.disable or pin_id in self.pins:
+            return 0
+        match = self.cache.match_prefix(ids)
+        n = len(match.slots)
+        budget = self.pool.capacity_pages * self.pool.page_size * MAX_PINNED_FRACTION
+        if n == 0 or self.pinned_tokens + n > budget:
+            return 0
+        self.cache.lock(match.last_node)
+        self.pins[pin_id] = (match.last_node, n)
+        self.pinned_tokens += n
+        return n
+
+    def unpin(self, pin_id: str) -> None:
+        """Release a pin (unknown ids are ignored: a flush already released it)."""
+        pinned = self.pins.pop(pin_id, None)
+        if pinned is not None:
+            self.cache.unlock(pinned[0])
+            self.pinned_tokens -= pinned[1]
 
     # -- scheduling ----------------------------------------------------------------------------
     def schedule(self) -> ScheduledStep | None:

@@ -138,3 +138,53 @@ def test_input_logprobs_are_computed_for_cached_prompts():
         assert_kv_released(engine)
     finally:
         engine.shutdown()
+
+
+def _fill_pool(engine: rf.Engine) -> None:
+    """Unrelated prompts that need most of a small pool, so the tree must evict."""
+    for i in range(5):  # one after another: together far more than the pool
+        engine.generate(f"Item {i}: " + "numbers and letters " * 50, {"max_new_tokens": 2})
+
+
+def test_pinned_prefix_survives_eviction_until_unpinned():
+    engine = _engine(max_total_tokens=640, page_size=1)
+    try:
+        prompt = f"{SYSTEM} Question: {QUESTIONS[0]}"
+        engine.generate(SYSTEM, {"max_new_tokens": 0})  # cached, not pinned
+        _fill_pool(engine)
+        unpinned = engine.generate(prompt, GREEDY)["meta_info"]["cached_tokens"]
+
+        engine.flush_cache()
+        pin = engine.pin_prefix(SYSTEM)
+        assert pin.tokens == len(engine.tokenizer.encode(SYSTEM))
+        assert engine.stats["pinned_tokens"] == pin.tokens
+        _fill_pool(engine)
+        pinned = engine.generate(prompt, GREEDY)["meta_info"]["cached_tokens"]
+        assert unpinned < pin.tokens <= pinned  # evicted without the pin, kept with it
+
+        engine.unpin_prefix(pin)
+        engine.unpin_prefix(pin)  # a second unpin is harmless
+        assert_kv_released(engine)
+        assert engine.stats["pinned_tokens"] == 0
+    finally:
+        engine.shutdown()
+
+
+def test_pins_are_bounded_and_flushed():
+    engine = _engine(max_total_tokens=200, page_size=1)
+    off = _engine(disable_radix_cache=True)
+    try:
+        assert off.pin_prefix(SYSTEM).tokens == 0  # nothing to pin without the cache
+        first = engine.pin_prefix(SYSTEM)
+        assert 0 < first.tokens <= 100
+        second = engine.pin_prefix(SYSTEM + " Again: " + SYSTEM)
+        assert second.tokens == 0  # pins may hold at most half of the pool
+        with pytest.raises(ValueError, match="one prompt"):
+            engine.pin_prefix([SYSTEM, SYSTEM])
+        engine.flush_cache()  # releases every pin
+        assert engine.stats["pinned_tokens"] == 0
+        assert engine.kv_pages_free() == engine.kv_pages_total()
+        engine.unpin_prefix(first)  # already released by the flush: ignored
+    finally:
+        engine.shutdown()
+        off.shutdown()

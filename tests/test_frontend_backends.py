@@ -156,11 +156,29 @@ def test_fork_branches_hit_the_shared_prefix(runtime):
     runtime.flush_cache()
     state = tree.run(backend=runtime)
     assert len(state["idea"]) == 3
+    assert runtime.engine.scheduler.cache.protected_size() == 0  # the fork's pin was released
     prefix_tokens = len(runtime.tokenizer.encode(state.text()))
     for i in range(3):
         meta = state.stream_executor.children[i].meta_info["idea"]
         # every branch reuses (nearly) the whole shared prefix from the radix cache
         assert meta["cached_tokens"] >= prefix_tokens - 2
+
+
+def test_fork_pins_its_prefix_while_the_program_runs(runtime):
+    seen = []
+
+    @rf.function
+    def tree(s):
+        s += "Think of three different ways to sort a list of numbers.\n"
+        forks = s.fork(2)
+        seen.append(runtime.engine.stats["pinned_tokens"])
+        forks += rf.gen("way", max_tokens=4, temperature=0)
+        forks.join()
+
+    runtime.flush_cache()
+    tree.run(backend=runtime)
+    assert seen[0] >= len(runtime.tokenizer.encode("Think of three different ways")) > 0
+    assert runtime.engine.stats["pinned_tokens"] == 0
 
 
 def test_regex_int_and_json_results_are_valid(runtime):

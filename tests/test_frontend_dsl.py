@@ -46,7 +46,7 @@ class ScriptedBackend(Backend):
             choices=choices, input_token_logprobs=scored, unconditional_token_logprobs=scored
         )
 
-    def cache_prefix(self, text: str) -> None:
+    def pin_prefix(self, text: str) -> None:
         self.cached.append(text)
 
     def flush_cache(self) -> None:

@@ -8,6 +8,9 @@ its latest occurrence and grows with the sequence, so a lookup is a few dict pro
 
 from __future__ import annotations
 
+from radixflow.runtime.request import Req
+from radixflow.runtime.speculative.proposer import Proposer
+
 MAX_NGRAM = 4
 MIN_NGRAM = 1
 # The tail of the indexed tokens compared with the sequence on every sync: jump-forward may
@@ -47,3 +50,17 @@ class NgramIndex:
             if start is not None:
                 return t[start : start + k]
         return []
+
+
+class NgramProposer(Proposer):
+    """Prompt lookup: each request's drafts come from its own NgramIndex (kept in req.spec)."""
+
+    def propose(self, reqs: list[Req], ks: list[int]) -> list[list[int]]:
+        drafts = []
+        for req, k in zip(reqs, ks, strict=True):
+            if req.spec.proposer_state is None:
+                req.spec.proposer_state = NgramIndex()
+            index: NgramIndex = req.spec.proposer_state
+            index.sync(req.fill_ids(0, req.fill_len))
+            drafts.append(index.propose(k))
+        return drafts

@@ -1,7 +1,8 @@
 """Speculative decoding around the engine step: propose before scheduling, verify after forward.
 
-    propose(running)      decoding requests get req.draft_ids (n-gram lookup, cut where the
-                          grammar stops accepting); the scheduler feeds [last, d1..dk]
+    propose(running)      decoding requests get req.draft_ids from the proposer (n-gram lookup
+                          or a draft model), cut where the grammar stops accepting; the
+                          scheduler feeds [last, d1..dk]
     forward               one extend over the paged prefix, logits for all k+1 positions
     verify(logits, reqs)  greedy match or lossless rejection sampling -> tokens to append
                           (the engine appends them one by one with its stop checks, then
@@ -14,26 +15,39 @@ adjustment would change between the k+1 positions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from radixflow.kernels.bitmask import apply_token_bitmask, apply_token_bitmask_ref
+from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.request import Req
 from radixflow.runtime.sampler import Sampler, SamplingBatch
-from radixflow.runtime.speculative.ngram import NgramIndex
+from radixflow.runtime.speculative.draft import DraftProposer
+from radixflow.runtime.speculative.ngram import NgramProposer
+from radixflow.runtime.speculative.proposer import Proposer
 from radixflow.runtime.speculative.verify import verify_greedy, verify_sampled
 
 ACCEPT_EMA = 0.5  # weight of the latest step in a request's running accepted-draft average
+# A request whose drafts keep failing (running average below PAUSE_BELOW accepted per verify)
+# decodes plainly for a while when its proposer is costly (a draft model's forwards gain
+# nothing then). It then tries again with one draft; each failed retry doubles the pause
+# (PAUSE_STEPS, 2x, ... up to the proposer's max_pause_steps), an accepted draft resets it.
+PAUSE_BELOW = 0.3
+PAUSE_STEPS = 8
 
 
 @dataclass
 class SpecState:
-    """A request's proposer state: its n-gram index and adaptive proposal length."""
+    """A request's speculation state: adaptive proposal length and verify masks."""
 
     k: int  # drafts to propose next time
     accepted_avg: float  # running average of drafts accepted per verify
-    index: NgramIndex = field(default_factory=NgramIndex)
+    proposer_state: Any = None  # what the proposer keeps per request (an NgramIndex)
+    paused: int = 0  # steps left without proposals
+    pause_len: int = 0  # length of the latest pause; 0 once a draft was accepted since
     masks: torch.Tensor | None = None  # grammar bitmask of each verified position (with drafts)
 
 
@@ -45,10 +59,11 @@ def can_speculate(req: Req) -> bool:
 
 
 class Speculator:
-    """N-gram prompt-lookup speculation with batched greedy / rejection-sampling verification."""
+    """Speculation with any proposer and batched greedy / rejection-sampling verification."""
 
     def __init__(
         self,
+        proposer: Proposer,
         *,
         num_tokens: int,
         max_batch: int,
@@ -60,6 +75,7 @@ class Speculator:
             raise ValueError(f"speculative_num_tokens must be >= 1, got {num_tokens}")
         if max_batch < 1:
             raise ValueError(f"speculative_max_batch must be >= 1, got {max_batch}")
+        self.proposer = proposer
         self.num_tokens = num_tokens
         self.max_batch = max_batch
         self.sampler = sampler
@@ -72,23 +88,32 @@ class Speculator:
         """Set draft_ids on decoding requests (none when the batch is too large to gain)."""
         if len(running) > self.max_batch:
             return
+        reqs, ks = [], []
         for req in running:
             if req.remaining != 1 or not req.output_ids or not can_speculate(req):
                 continue
             if req.spec is None:
                 req.spec = SpecState(k=self.num_tokens, accepted_avg=float(self.num_tokens))
-            state = req.spec
+            if req.spec.paused:
+                req.spec.paused -= 1
+                continue
             room = min(
                 req.params.max_new_tokens - len(req.output_ids), self.context_length - req.fill_len
             )
-            k = min(state.k, room - 1)  # the verify step emits one token beyond the drafts
-            if k <= 0:
-                continue
-            state.index.sync(req.fill_ids(0, req.fill_len))
-            drafts = state.index.propose(k)
+            k = min(req.spec.k, room - 1)  # the verify step emits one token beyond the drafts
+            if k > 0:
+                reqs.append(req)
+                ks.append(k)
+        if not reqs:
+            return
+        for req, drafts in zip(reqs, self.proposer.propose(reqs, ks), strict=True):
             if drafts and req.grammar is not None:
-                drafts = self._grammar_prefix(req, state, drafts)
+                drafts = self._grammar_prefix(req, req.spec, drafts)
             req.draft_ids = drafts
+
+    def release(self, req: Req) -> None:
+        """The request finished or was aborted: the proposer drops its state for it."""
+        self.proposer.release(req)
 
     def _grammar_prefix(self, req: Req, state: SpecState, drafts: list[int]) -> list[int]:
         """The drafts the grammar accepts in a row; records each position's mask for verify."""
@@ -135,6 +160,7 @@ class Speculator:
             for i, tokens in zip(sampled, verify_sampled(probs, drafts, uniforms), strict=True):
                 results[i] = tokens
         for req, tokens in zip(reqs, results, strict=True):
+            self.proposer.accepted(req, len(tokens) - 1)
             self._adapt(req, len(tokens) - 1)
         return results  # type: ignore[return-value]
 
@@ -160,4 +186,30 @@ class Speculator:
         state = req.spec
         state.accepted_avg = (1 - ACCEPT_EMA) * state.accepted_avg + ACCEPT_EMA * accepted
         state.k = max(1, min(self.num_tokens, round(state.accepted_avg) + 1))
+        if accepted:
+            state.pause_len = 0
+        if state.accepted_avg < PAUSE_BELOW and self.proposer.max_pause_steps:
+            longest = self.proposer.max_pause_steps
+            state.pause_len = min(longest, 2 * state.pause_len or PAUSE_STEPS)
+            state.paused = state.pause_len
         state.masks = None
+
+
+def build_speculator(
+    config: EngineConfig, target: ModelRunner, tokenizer, sampler: Sampler
+) -> Speculator | None:
+    """The speculator config.speculative_algorithm asks for (None for "none")."""
+    if config.speculative_algorithm == "none":
+        return None
+    if config.speculative_algorithm == "ngram":
+        proposer: Proposer = NgramProposer()
+    else:
+        proposer = DraftProposer.load(config, target, tokenizer)
+    return Speculator(
+        proposer,
+        num_tokens=config.speculative_num_tokens,
+        max_batch=config.speculative_max_batch,
+        sampler=sampler,
+        vocab_size=target.vocab_size,
+        context_length=target.context_length,
+    )
