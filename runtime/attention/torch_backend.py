@@ -16,7 +16,7 @@ matrix-vector product, which is what makes it fast on a CPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,9 @@ MAX_DECODE_GROUPS = 4
 MIN_DECODE_GROUP = 16  # smaller groups cost more in per-call overhead than padding saves
 MAX_CASCADE_GROUPS = 4
 MIN_CASCADE_PREFIX = 64  # a shorter shared prefix saves less than the extra calls cost
+# Extends up to this many tokens (speculative verification, jump-forward) run in the decode
+# kernel, one query row per token, each seeing the keys up to its own position.
+KERNEL_MAX_EXTEND = 16
 
 
 @dataclass
@@ -71,6 +74,7 @@ class _ExtendRow:
     length: int  # new tokens
     prefix_len: int
     head_rows: torch.Tensor  # [kv_heads * (prefix_len + length)] rows of the [.., D] view
+    masks: dict[int, torch.Tensor] = field(default_factory=dict)  # causal mask by window
 
 
 class TorchBackend(AttentionBackend):
@@ -104,8 +108,12 @@ class TorchBackend(AttentionBackend):
             self._cascade = [self._cascade_rows(batch, ids, n) for ids, n in families]
             shared = {i for ids, _ in families for i in ids}
             decode_ids = [i for i in decode_ids if i not in shared]
+        short: set[int] = set()
         if self._kernel:
-            self._decode = [self._kernel_rows(batch, decode_ids)] if decode_ids else []
+            short = {i for i, n in enumerate(batch.extend_lens_cpu) if 1 < n <= KERNEL_MAX_EXTEND}
+            rows_in = sorted(set(decode_ids) | short)
+            self._decode = [self._kernel_rows(batch, rows_in, queries=True)] if rows_in else []
+            decode_ids = rows_in
         else:
             # Decode rows are grouped by length so padding to each group's longest stays small.
             groups = min(MAX_DECODE_GROUPS, -(-len(decode_ids) // MIN_DECODE_GROUP))
@@ -120,7 +128,7 @@ class TorchBackend(AttentionBackend):
         self._extend = []
         start = 0
         for i, n in enumerate(batch.extend_lens_cpu):
-            if n != 1:
+            if n != 1 and i not in short:
                 row = int(rows[i])
                 seq = batch.seq_lens_cpu[i]
                 slots = table[row, :seq].to(torch.int64)
@@ -149,14 +157,31 @@ class TorchBackend(AttentionBackend):
             max_len,
         )
 
-    def _kernel_rows(self, batch: ForwardBatch, ids: list[int], skip: int = 0) -> _KernelRows:
-        """Rows `ids` over their sequences from position `skip` on, for the compiled kernel."""
-        idx = torch.tensor(ids)
+    def _kernel_rows(
+        self, batch: ForwardBatch, ids: list[int], skip: int = 0, queries: bool = False
+    ) -> _KernelRows:
+        """Rows `ids` over their sequences from position `skip` on, for the compiled kernel;
+        with `queries`, a row of several new tokens becomes one query per token (causal)."""
+        if not queries:
+            idx = torch.tensor(ids)
+            return _KernelRows(
+                batch.extend_start.index_select(0, idx),
+                batch.req_to_token[:, skip:],
+                batch.req_pool_indices.index_select(0, idx),
+                batch.seq_lens.index_select(0, idx) - skip,
+            )
+        starts = batch.extend_start.tolist()
+        tokens, pool_rows, seq_lens = [], [], []
+        for i in ids:
+            n, seq, row = batch.extend_lens_cpu[i], batch.seq_lens_cpu[i], batch.req_pool_indices[i]
+            tokens += range(starts[i], starts[i] + n)
+            pool_rows += [row] * n
+            seq_lens += range(seq - n + 1, seq + 1)
         return _KernelRows(
-            batch.extend_start.index_select(0, idx),
-            batch.req_to_token[:, skip:],
-            batch.req_pool_indices.index_select(0, idx),
-            batch.seq_lens.index_select(0, idx) - skip,
+            torch.tensor(tokens),
+            batch.req_to_token,
+            torch.stack(pool_rows),
+            torch.tensor(seq_lens),
         )
 
     def _rows(self, batch: ForwardBatch, ids: list[int], skip: int = 0) -> _Rows:
@@ -208,7 +233,10 @@ class TorchBackend(AttentionBackend):
             seq = row.prefix_len + row.length
             kr = gather_rows(k_buf.view(-1, d), row.head_rows).view(kvh, seq, d)
             vr = gather_rows(v_buf.view(-1, d), row.head_rows).view(kvh, seq, d)
-            mask = _causal_mask(row.prefix_len, row.length, layer.sliding_window)
+            mask = row.masks.get(layer.sliding_window)
+            if mask is None:  # built once per forward, not once per layer
+                mask = _causal_mask(row.prefix_len, row.length, layer.sliding_window)
+                row.masks[layer.sliding_window] = mask
             o = _sdpa(qr[None], kr[None].to(q.dtype), vr[None].to(q.dtype), mask, layer)
             out[row.start : row.start + row.length] = o[0].transpose(0, 1).reshape(row.length, -1)
         return out
