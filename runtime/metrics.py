@@ -90,6 +90,20 @@ class ServerMetrics:
         ).set_function(lambda: self._cached_sum / max(self._prompt_sum, 1))
         self._prompt_sum = 0
         self._cached_sum = 0
+        stats = engine.stats
+        Gauge(
+            "radixflow_pinned_tokens", "Prompt tokens pinned in the radix cache", registry=r
+        ).set_function(lambda: stats["pinned_tokens"])
+        Gauge(
+            "radixflow_spec_accept_length",
+            "Tokens emitted per speculative verify step (accepted drafts + 1) since start",
+            registry=r,
+        ).set_function(
+            lambda: 1 + stats["spec_accepted_tokens"] / max(stats["spec_verify_steps"], 1)
+        )
+        Gauge(
+            "radixflow_spec_accept_rate", "Accepted / proposed draft tokens since start", registry=r
+        ).set_function(lambda: stats["spec_accepted_tokens"] / max(stats["spec_draft_tokens"], 1))
 
     def observe_finished(self, result: dict[str, Any], streamed: bool) -> None:
         """Count one finished request from its final output dict."""

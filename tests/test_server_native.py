@@ -293,7 +293,13 @@ def test_metrics(http):
     for hist in ("time_to_first_token", "inter_token_latency", "e2e_request_latency"):
         assert value(f"radixflow_{hist}_seconds", "_count") >= 2
     assert value("radixflow_http_errors", "_total", status="400") >= 1
-    for gauge in ("num_running_reqs", "num_waiting_reqs", "kv_pages_used", "kv_usage"):
+    for gauge in (
+        "num_running_reqs",
+        "num_waiting_reqs",
+        "kv_pages_used",
+        "kv_usage",
+        "pinned_tokens",
+    ):
         assert f"radixflow_{gauge}" in families
     assert value("radixflow_kv_pages_total") == 4096
 

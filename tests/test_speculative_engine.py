@@ -235,3 +235,28 @@ def test_stream_yields_every_accepted_token(model_dir):
         assert lengths == sorted(lengths)
     finally:
         engine.shutdown()
+
+
+def test_acceptance_is_exported_as_metrics(model_dir):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from radixflow.runtime.metrics import ServerMetrics
+
+    engine = _engine(model_dir, speculative_algorithm="ngram")
+    try:
+        metrics = ServerMetrics(engine)
+        engine.generate(input_ids=_prompts(2), sampling_params=_params(2))
+        stats = engine.stats
+        values = {
+            f.name: f.samples[0].value
+            for f in text_string_to_metric_families(metrics.render().decode())
+            if f.samples
+        }
+        expected = 1 + stats["spec_accepted_tokens"] / stats["spec_verify_steps"]
+        assert values["radixflow_spec_accept_length"] == pytest.approx(expected)
+        assert values["radixflow_spec_accept_length"] > 1
+        rate = stats["spec_accepted_tokens"] / stats["spec_draft_tokens"]
+        assert values["radixflow_spec_accept_rate"] == pytest.approx(rate)
+        assert values["radixflow_pinned_tokens"] == 0
+    finally:
+        engine.shutdown()
