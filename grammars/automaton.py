@@ -1,9 +1,8 @@
 """Byte automata the matcher walks: a regex DFA, and the protocol grammar automata follow.
 
-An automaton has int states (-1 = dead), an `initial` state, `row(s)` (int32[256] successors),
-`step_many(states, bytes)` (vectorized successors, computing missing rows on the way) and
-`is_accepting(s)`. States are immutable facts about the remaining language, so masks and
-forced text are cached per state.
+An automaton has int states (-1 = dead), an `initial` state, `row(s)` (int32[256] successors,
+computed on first use) and `is_accepting(s)`. States are immutable facts about the remaining
+language, so masks and forced text are cached per state.
 """
 
 from __future__ import annotations
@@ -21,8 +20,6 @@ class ByteAutomaton(Protocol):
     lock: threading.RLock
 
     def row(self, state: int) -> np.ndarray: ...
-
-    def step_many(self, states: np.ndarray, data: np.ndarray) -> np.ndarray: ...
 
     def is_accepting(self, state: int) -> bool: ...
 
@@ -44,9 +41,6 @@ class RegexAutomaton:
 
     def row(self, state: int) -> np.ndarray:
         return self.dfa.row(state)
-
-    def step_many(self, states: np.ndarray, data: np.ndarray) -> np.ndarray:
-        return self.dfa.step_many(states, data)
 
     def is_accepting(self, state: int) -> bool:
         return self._final in self.dfa.sets[state]

@@ -341,11 +341,5 @@ class GrammarAutomaton:
             self._compute_row(state)
         return self.table[state]
 
-    def step_many(self, states: np.ndarray, data: np.ndarray) -> np.ndarray:
-        todo = np.unique(states[~self.done[states]])
-        for s in todo.tolist():
-            self._compute_row(s)
-        return self.table[states, data]
-
     def is_accepting(self, state: int) -> bool:
         return any(fresh and node.accepting for node, _lex, fresh in self.sets[state])

@@ -1,10 +1,25 @@
 """Allowed-token masks: a vectorized walk of the token trie through a byte automaton.
 
-The walk goes one trie depth at a time. Its frontier is the set of (trie node, automaton
-state) pairs still alive; the children of every frontier node are gathered with numpy and
-stepped together, and dead pairs drop out with their whole subtree. A token is allowed when
-its trie node is reached alive. Cost is proportional to the live part of the trie, never a
-Python loop over the vocabulary.
+The walk goes one trie depth at a time and keeps, for every trie node, the automaton state
+reached by reading its bytes from the start state (dead where the automaton stops). Each
+depth is one gather through a flat copy of the automaton's transition table (`WalkTable`),
+encoded so that the dead state needs no special case:
+
+    value 0            dead
+    value (s+1)*256    state s, i.e. the offset of s's row; the child's value is
+                       table[parent value + child byte]
+    value -1           in table entries only: that row is not computed yet
+
+A depth where few nodes are alive expands only their children (a frontier); a depth where
+many are alive processes the whole depth at once, which has no index bookkeeping. A token is
+allowed when its trie node is alive.
+
+Shortcut for string content: when every plain byte (printable ASCII but `"` and `\\`, see
+`PLAIN_BYTES`) leads the start state to one same state, all plain-prefix nodes of depth 1 hold
+that state, and so on down while the chain of states stays that way (a JSON string's content
+state loops; under `maxLength` it counts). Those depths walk only the other nodes; a plain
+node gets its value written only where a child needs it, and a plain token is alive when the
+chain is alive at its depth. Plain nodes are most of the trie.
 """
 
 from __future__ import annotations
@@ -13,7 +28,12 @@ import numpy as np
 import torch
 
 from .automaton import ByteAutomaton
-from .tokenizer_index import TokenizerIndex
+from .tokenizer_index import PLAIN_BYTES, TokenizerIndex
+
+_DEAD = 0
+_PENDING = -1
+# Use the frontier for the next depth when fewer than 1/_SPARSE of its nodes could be alive.
+_SPARSE = 8
 
 
 def allocate_token_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
@@ -23,37 +43,135 @@ def allocate_token_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
     return torch.full((batch, (vocab_size + 31) // 32), -1, dtype=torch.int32)
 
 
-def alive_nodes(index: TokenizerIndex, automaton: ByteAutomaton, state: int) -> np.ndarray:
-    """bool[num_nodes]: trie nodes whose bytes the automaton can read from `state`."""
-    alive = np.zeros(index.num_nodes, dtype=bool)
-    root_children = np.arange(index.child_start[0], index.child_start[0] + index.child_count[0])
-    row = automaton.row(state)
-    states = row[index.byte[root_children]]
-    nodes = root_children
-    while True:
-        keep = states >= 0
-        nodes, states = nodes[keep], states[keep]
-        if nodes.size == 0:
-            break
-        alive[nodes] = True
-        counts = index.child_count[nodes]
-        has = counts > 0
-        nodes, states, counts = nodes[has], states[has], counts[has]
-        if nodes.size == 0:
-            break
-        ends = np.cumsum(counts)
-        offsets = np.repeat(index.child_start[nodes] - (ends - counts), counts)
-        nodes = np.arange(int(ends[-1])) + offsets
-        parents = np.repeat(states, counts)
-        states = automaton.step_many(parents, index.byte[nodes])
-    return alive
+class WalkTable:
+    """A flat, lazily filled copy of an automaton's rows in the walk's value encoding.
+
+    The table always has room for every state that a filled row leads to, so a walk reads
+    only valid offsets: a row not filled yet reads as pending.
+    """
+
+    def __init__(self, automaton: ByteAutomaton):
+        self.automaton = automaton
+        self.flat = np.full(257 * 256, _PENDING, dtype=np.int32)
+        self.flat[:256] = _DEAD
+        self._plain: dict[int, int | None] = {}
+
+    def plain_successor(self, state: int) -> int | None:
+        """The state every plain byte leads `state` to (-1 = dead), None if they differ."""
+        got = self._plain.get(state, _PENDING)
+        if got == _PENDING:
+            targets = self.automaton.row(state)[PLAIN_BYTES]
+            got = int(targets[0]) if (targets == targets[0]).all() else None
+            self._plain[state] = got
+        return got
+
+    def value(self, state: int) -> int:
+        """Walk value of `state` (its row is filled when a walk first reads it)."""
+        self._grow((state + 2) * 256)
+        return (state + 1) * 256
+
+    def fill(self, states: list[int]) -> None:
+        """Compute and copy the rows of `states` (ints >= 0)."""
+        rows = [(s, self.automaton.row(s)) for s in states]
+        self._grow((max(max(s, int(row.max())) for s, row in rows) + 2) * 256)
+        for s, row in rows:
+            self.flat[(s + 1) * 256 : (s + 2) * 256] = np.where(row >= 0, (row + 1) * 256, _DEAD)
+
+    def step(self, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Child values for `values` = parent value + child byte; fills pending rows first."""
+        nxt = self.flat.take(values, out=out)
+        if nxt.size and nxt.min() < 0:
+            pending = np.flatnonzero(nxt < 0)
+            self.fill((np.unique(values[pending] >> 8) - 1).tolist())
+            nxt[pending] = self.flat.take(values[pending])
+        return nxt
+
+    def _grow(self, size: int) -> None:
+        if size > self.flat.shape[0]:
+            grown = np.full(max(size, 2 * self.flat.shape[0]), _PENDING, dtype=np.int32)
+            grown[: self.flat.shape[0]] = self.flat
+            self.flat = grown
 
 
-def compute_mask(index: TokenizerIndex, automaton: ByteAutomaton, state: int) -> np.ndarray:
+def node_values(
+    index: TokenizerIndex, table: WalkTable, state: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Walk values from `state`: (int32[num_nodes + 1] per node, 0 = dead and last = 0;
+    bool per depth: plain nodes of that depth are alive though their value was not written)."""
+    values = np.zeros(index.num_nodes + 1, dtype=np.int32)
+    values[0] = table.value(state)
+    starts = index.depth_start
+    last = starts.shape[0] - 1
+    plain_alive = np.zeros(last + 1, dtype=bool)
+    first = _plain_depths(index, table, state, values, plain_alive)
+    if first == 1:
+        live = np.zeros(1, dtype=np.int64)  # alive nodes of the previous depth
+        dense = False
+    else:
+        live = np.flatnonzero(values[starts[first - 1] : starts[first]]) + starts[first - 1]
+        dense = live.size * _SPARSE >= int(starts[min(first + 1, last)] - starts[first])
+    for d in range(first, last):
+        if live.size == 0:
+            break
+        lo, hi = int(starts[d]), int(starts[d + 1])
+        if dense:
+            step = values.take(index.parent[lo:hi])
+            np.add(step, index.byte[lo:hi], out=step)
+            table.step(step, out=values[lo:hi])
+            live = np.flatnonzero(values[lo:hi]) + lo
+        else:
+            counts = index.child_count[live]
+            ends = np.cumsum(counts)
+            if ends[-1] == 0:
+                break
+            nodes = np.arange(int(ends[-1])) + np.repeat(
+                index.child_start[live] - (ends - counts), counts
+            )
+            step = np.repeat(values[live], counts) + index.byte[nodes]
+            got = table.step(step)
+            values[nodes] = got
+            live = nodes[got != _DEAD]
+        dense = live.size * _SPARSE >= int(starts[min(d + 2, last)]) - hi
+    values[0] = _DEAD
+    return values, plain_alive
+
+
+def _plain_depths(
+    index: TokenizerIndex,
+    table: WalkTable,
+    state: int,
+    values: np.ndarray,
+    plain_alive: np.ndarray,
+) -> int:
+    """Walk depths 1.. by the string-content shortcut while it applies; the next depth."""
+    d = 1
+    while d < index.depth_start.shape[0] - 1:
+        nxt = table.plain_successor(state)
+        if nxt is None:
+            if d > 1:  # the full walk from depth d reads every node of depth d - 1
+                plain = index.plain_nodes[index.plain_start[d - 1] : index.plain_start[d]]
+                values[plain] = table.value(state)
+            break
+        if d > 1:
+            feed = index.feed_nodes[index.feed_start[d - 1] : index.feed_start[d]]
+            values[feed] = table.value(state)
+        lo, hi = index.other_start[d], index.other_start[d + 1]
+        step = values.take(index.other_parent[lo:hi])
+        np.add(step, index.other_byte[lo:hi], out=step)
+        values[index.other_nodes[lo:hi]] = table.step(step)
+        d += 1
+        if nxt < 0:
+            break
+        plain_alive[d - 1] = True
+        state = nxt
+    return d
+
+
+def compute_mask(index: TokenizerIndex, table: WalkTable, state: int) -> np.ndarray:
     """Packed int32[num_words] mask of the tokens allowed in `state` (EOS when accepting)."""
-    alive = alive_nodes(index, automaton, state)
-    allowed = np.zeros(index.num_words * 32, dtype=bool)
-    allowed[index.valid_ids] = alive[index.valid_nodes]
-    if automaton.is_accepting(state):
+    values, plain_alive = node_values(index, table, state)
+    allowed = values.take(index.mask_node) != _DEAD
+    allowed |= plain_alive.take(index.mask_depth)
+    if table.automaton.is_accepting(state):
         allowed[list(index.eos_ids)] = True
     return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)

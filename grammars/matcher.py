@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .automaton import ByteAutomaton
-from .masks import compute_mask
+from .masks import WalkTable, compute_mask
 from .tokenizer_index import TokenizerIndex
 
 _TERMINATED = -2
@@ -31,6 +31,8 @@ class CompiledGrammar:
         self.automaton = automaton
         self.kind = kind
         self.source = source
+        self._walk = WalkTable(automaton)
+        self.empty_mask = np.zeros(index.num_words, dtype=np.int32)  # no token allowed
         self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
         self._forced: dict[int, bytes] = {}
         self._mask_cache_size = mask_cache_size
@@ -44,7 +46,7 @@ class CompiledGrammar:
         with self.automaton.lock:
             got = self._masks.get(state)
             if got is None:
-                got = compute_mask(self.index, self.automaton, state)
+                got = compute_mask(self.index, self._walk, state)
                 self._masks[state] = got
                 if len(self._masks) > self._mask_cache_size:
                     self._masks.popitem(last=False)
@@ -94,6 +96,16 @@ class GrammarMatcher:
     def vocab_size(self) -> int:
         return self.grammar.index.vocab_size
 
+    def next_token_mask(self) -> np.ndarray:
+        """The allowed next tokens as a packed int32[ceil(vocab/32)] row.
+
+        The array is shared with the grammar's mask cache: copy it before changing it.
+        """
+        state = self._states[-1]
+        if state == _TERMINATED:
+            return self.grammar.empty_mask
+        return self.grammar.mask(state)
+
     def fill_mask(self, bitmask_row: torch.Tensor) -> None:
         """Write the allowed next tokens into an int32 row of ceil(vocab/32) words."""
         words = self.grammar.index.num_words
@@ -102,11 +114,7 @@ class GrammarMatcher:
                 f"bitmask row must be int32 with {words} words, got {bitmask_row.dtype} "
                 f"{tuple(bitmask_row.shape)}"
             )
-        state = self._states[-1]
-        if state == _TERMINATED:
-            bitmask_row.zero_()
-            return
-        bitmask_row.copy_(torch.from_numpy(self.grammar.mask(state)))
+        bitmask_row.copy_(torch.from_numpy(self.next_token_mask()))
 
     def accept(self, token_id: int) -> bool:
         """Advance by one token; False (and no change) when the grammar does not allow it."""

@@ -6,9 +6,15 @@ optional properties, array separators) stay linear in size. Edges carry byte ran
 point set becomes its UTF-8 byte-range sequences, so a DFA state can sit in the middle of a
 multi-byte character.
 
-The DFA is built on demand: a state is an epsilon-closed set of NFA states from which an
-accepting state is reachable (others are dropped), interned to an int; its 256-entry row of
-successors (-1 = dead) is computed the first time someone asks for it.
+Every NFA state can reach an accepting state: a node that matches nothing (an empty
+character set, an empty alternation, or a sequence holding one) compiles to -1 and is left out
+of what contains it. States with equal edges are built once (a character set is keyed by its
+ranges and continuation, an alternation by its branches), and a bounded repeat `x{0,n}` is
+nested as `(x(x(...)?)?)?`, so the closure of a state inside it stays small.
+
+The DFA is built on demand: a state is the set of NFA states with byte edges or tags in an
+epsilon closure, interned to an int; its 256-entry row of successors (-1 = dead) is computed
+the first time someone asks for it.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ class NFA:
         self.edges: list[list[tuple[int, int, int]]] = []
         self.tags: dict[int, int] = {}
         self._memo: dict[tuple[int, int], tuple[object, int]] = {}
-        self._seq_memo: dict[tuple, int] = {}
+        self._shared: dict[tuple, int] = {}
         self._deadline = deadline or Deadline(None)
 
     def new_state(self) -> int:
@@ -59,12 +65,12 @@ class NFA:
         return len(self.eps) - 1
 
     def add(self, node, nxt: int) -> int:
-        """Compile `node` so that it ends in state `nxt`; return its start state."""
+        """Compile `node` so that it ends in state `nxt`; its start state, -1 if it matches nothing."""
         key = (id(node), nxt)
         hit = self._memo.get(key)
         if hit is not None:
             return hit[1]
-        if len(self.eps) & 1023 == 0:
+        if len(self._memo) & 1023 == 0:
             self._deadline.check()
         start = self._build(node, nxt)
         self._memo[key] = (node, start)
@@ -72,78 +78,82 @@ class NFA:
 
     def _build(self, node, nxt: int) -> int:
         if isinstance(node, Chars):
-            return self._chars(node, nxt)
+            return self._chars(node.ranges, nxt)
         if isinstance(node, Seq):
             for item in reversed(node.items):
                 nxt = self.add(item, nxt)
+                if nxt < 0:
+                    return -1
             return nxt
         if isinstance(node, Alt):
-            start = self.new_state()
-            self.eps[start].extend(self.add(item, nxt) for item in node.items)
-            return start
+            return self._alt([self.add(item, nxt) for item in node.items])
         if isinstance(node, Repeat):
             return self._repeat(node, nxt)
         if isinstance(node, Ref):
             raise ValueError(f"rule reference {node.name!r} inside a regular expression")
         raise TypeError(f"not a regex IR node: {node!r}")
 
+    def _alt(self, starts: list[int]) -> int:
+        live = tuple(sorted({s for s in starts if s >= 0}))
+        if len(live) <= 1:
+            return live[0] if live else -1
+        key = ("alt", live)
+        got = self._shared.get(key)
+        if got is None:
+            got = self._shared[key] = self.new_state()
+            self.eps[got].extend(live)
+        return got
+
     def _repeat(self, node: Repeat, nxt: int) -> int:
         if node.hi is None:
             loop = self.new_state()
-            self.eps[loop].extend((self._build(node.item, loop), nxt))
+            body = self._build(node.item, loop)
+            self.eps[loop].extend((body, nxt) if body >= 0 else (nxt,))
             nxt = loop
         else:
             if node.hi < node.lo:
                 raise ValueError(f"repeat with max {node.hi} < min {node.lo}")
+            # x{0,n} as (x(x(...)?)?)?: each optional copy skips straight to the end.
+            end = cur = nxt
             for _ in range(node.hi - node.lo):
-                skip = self.new_state()
-                self.eps[skip].extend((self._build(node.item, nxt), nxt))
-                nxt = skip
+                body = self._build(node.item, cur)
+                if body < 0:
+                    break
+                cur = self._alt([body, end])
+                self._deadline.check()
+            nxt = cur
         for _ in range(node.lo):
             nxt = self._build(node.item, nxt)
+            if nxt < 0:
+                return -1
         return nxt
 
-    def _chars(self, node: Chars, nxt: int) -> int:
-        start = self.new_state()
+    def _chars(self, ranges: tuple, nxt: int) -> int:
+        key = (ranges, nxt)
+        got = self._shared.get(key)
+        if got is not None:
+            return got
+        sequences = _sequences(ranges)
+        if not sequences:
+            self._shared[key] = -1
+            return -1
+        start = self._shared[key] = self.new_state()
         edges = self.edges[start]
-        for ranges in _sequences(node.ranges):
-            lo, hi = ranges[0]
-            if len(ranges) == 1:
-                edges.append((lo, hi, nxt))
-                continue
-            # The tail of a multi-byte sequence leads only to `nxt`: share it.
-            key = (ranges[1:], nxt)
-            target = self._seq_memo.get(key, -1)
-            if target < 0:
-                target = self._seq_memo[key] = self.new_state()
-                self._tail(ranges[1:], target, nxt)
+        for seq in sequences:
+            lo, hi = seq[0]
+            target = nxt if len(seq) == 1 else self._tail(seq[1:], nxt)
             edges.append((lo, hi, target))
         return start
 
-    def _tail(self, ranges, cur: int, nxt: int) -> None:
-        for i, (a, b) in enumerate(ranges):
-            target = nxt if i == len(ranges) - 1 else self.new_state()
-            self.edges[cur].append((a, b, target))
-            cur = target
-
-    def coreachable(self) -> np.ndarray:
-        """States from which some accepting state is reachable."""
-        n = len(self.eps)
-        rev: list[list[int]] = [[] for _ in range(n)]
-        for s in range(n):
-            for t in self.eps[s]:
-                rev[t].append(s)
-            for _a, _b, t in self.edges[s]:
-                rev[t].append(s)
-        seen = np.zeros(n, dtype=bool)
-        stack = list(self.tags)
-        seen[stack] = True
-        while stack:
-            for p in rev[stack.pop()]:
-                if not seen[p]:
-                    seen[p] = True
-                    stack.append(p)
-        return seen
+    def _tail(self, ranges: tuple, nxt: int) -> int:
+        """State reading the byte ranges of a multi-byte sequence's tail, then going to `nxt`."""
+        key = ("tail", ranges, nxt)
+        got = self._shared.get(key)
+        if got is None:
+            target = nxt if len(ranges) == 1 else self._tail(ranges[1:], nxt)
+            got = self._shared[key] = self.new_state()
+            self.edges[got].append((ranges[0][0], ranges[0][1], target))
+        return got
 
 
 class LazyDFA:
@@ -151,14 +161,15 @@ class LazyDFA:
 
     def __init__(self, nfa: NFA):
         self.nfa = nfa
-        self._live = nfa.coreachable()
         self._closure: dict[int, frozenset[int]] = {}
+        self._by_targets: dict[frozenset[int], int] = {}
         self.sets: list[frozenset[int]] = []
         self._ids: dict[frozenset[int], int] = {}
         self.table = np.full((16, 256), -1, dtype=np.int32)
         self.done = np.zeros(16, dtype=bool)
 
     def closure_of(self, state: int) -> frozenset[int]:
+        """NFA states with byte edges or tags reachable from `state` by epsilon moves."""
         got = self._closure.get(state)
         if got is None:
             seen = {state}
@@ -169,25 +180,29 @@ class LazyDFA:
                     if t not in seen:
                         seen.add(t)
                         stack.append(t)
-            got = self._closure[state] = frozenset(s for s in seen if self._live[s])
+            edges, tags = self.nfa.edges, self.nfa.tags
+            got = self._closure[state] = frozenset(s for s in seen if edges[s] or s in tags)
         return got
 
     def intern(self, nfa_states) -> int:
-        """DFA id of the closure of `nfa_states`; -1 when nothing there can still accept."""
-        members: set[int] = set()
-        for s in nfa_states:
-            members |= self.closure_of(s)
-        key = frozenset(members)
+        """DFA id of the closure of `nfa_states` (negative ones ignored); -1 when empty."""
+        targets = frozenset(s for s in nfa_states if s >= 0)
+        got = self._by_targets.get(targets)
+        if got is not None:
+            return got
+        key = frozenset().union(*map(self.closure_of, targets))
         if not key:
-            return -1
-        got = self._ids.get(key)
-        if got is None:
-            got = self._ids[key] = len(self.sets)
-            self.sets.append(key)
-            if got >= self.table.shape[0]:
-                grow = self.table.shape[0]
-                self.table = np.vstack([self.table, np.full((grow, 256), -1, dtype=np.int32)])
-                self.done = np.concatenate([self.done, np.zeros(grow, dtype=bool)])
+            got = -1
+        else:
+            got = self._ids.get(key)
+            if got is None:
+                got = self._ids[key] = len(self.sets)
+                self.sets.append(key)
+                if got >= self.table.shape[0]:
+                    grow = self.table.shape[0]
+                    self.table = np.vstack([self.table, np.full((grow, 256), -1, dtype=np.int32)])
+                    self.done = np.concatenate([self.done, np.zeros(grow, dtype=bool)])
+        self._by_targets[targets] = got
         return got
 
     def row(self, state: int) -> np.ndarray:
@@ -196,22 +211,26 @@ class LazyDFA:
         return self.table[state]
 
     def _compute_row(self, state: int) -> None:
-        edges = [e for s in self.sets[state] for e in self.nfa.edges[s]]
-        points = sorted({e[0] for e in edges} | {e[1] + 1 for e in edges})
+        # Sweep the byte axis: targets enter at an edge's low byte and leave after its high one.
+        events: dict[int, list[tuple[int, int]]] = {}
+        for s in self.sets[state]:
+            for lo, hi, t in self.nfa.edges[s]:
+                events.setdefault(lo, []).append((t, 1))
+                events.setdefault(hi + 1, []).append((t, -1))
         row = np.full(256, -1, dtype=np.int32)
+        active: dict[int, int] = {}
+        points = sorted(events)
         for a, b in zip(points, points[1:], strict=False):
-            targets = [t for lo, hi, t in edges if lo <= a <= hi]
-            if targets:
-                row[a:b] = self.intern(targets)
+            for t, delta in events[a]:
+                n = active.get(t, 0) + delta
+                if n:
+                    active[t] = n
+                else:
+                    del active[t]
+            if active:
+                row[a:b] = self.intern(active)
         self.table[state] = row  # after interning: interning may have reallocated the table
         self.done[state] = True
-
-    def step_many(self, states: np.ndarray, data: np.ndarray) -> np.ndarray:
-        """Successor of each (state, byte) pair."""
-        todo = np.unique(states[~self.done[states]])
-        for s in todo.tolist():
-            self._compute_row(s)
-        return self.table[states, data]
 
     def tags(self, state: int) -> list[int]:
         """Tags of the accepting NFA states in `state`."""

@@ -8,8 +8,18 @@ Trie layout (breadth-first, children of a node contiguous and sorted by byte)::
     node n: byte[n]      the byte on the edge into n
             parent[n]    its parent (non-decreasing over n)
             child_start[n], child_count[n]  its children are nodes child_start .. +count
+    depth_start[d]       nodes of depth d (prefix length d) are depth_start[d] .. depth_start[d+1]
     token_node[t]        the node whose prefix equals token t's bytes, -1 for a token that
                          grammars never allow (special, added, empty, or padding ids)
+    mask_node[i]         for every bit i of a packed mask row: token i's node, or num_nodes
+                         (one past the last node) where no token may be allowed
+
+Nodes are also split by whether every byte of their prefix is in PLAIN_BYTES (printable ASCII
+but `"` and `\\`, the bytes that leave JSON string content alone): `plain_nodes` and
+`other_nodes`, each in node order, with `plain_start[d]` / `other_start[d]` where depth d
+begins in them; `other_parent` and `other_byte` are the parent and byte of each other node;
+`feed_nodes` / `feed_start` the plain nodes with a child that is not plain; `mask_depth[i]`
+the depth of mask bit i's token node when that node is plain, else 0.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+PLAIN_BYTES = np.array([b for b in range(0x20, 0x7F) if b not in b'"\\'], dtype=np.uint8)
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
@@ -51,11 +62,21 @@ class TokenizerIndex:
     token_bytes: tuple[bytes | None, ...]  # None: never allowed by a grammar
     eos_ids: tuple[int, ...]
     byte: np.ndarray  # uint8[num_nodes]
+    parent: np.ndarray  # int32[num_nodes]
+    depth_start: np.ndarray  # int64[max token length + 2]
     child_start: np.ndarray  # int64[num_nodes]
     child_count: np.ndarray  # int64[num_nodes]
     token_node: np.ndarray  # int64[vocab_size]
-    valid_ids: np.ndarray  # ids of tokens a grammar may allow
-    valid_nodes: np.ndarray  # their trie nodes
+    mask_node: np.ndarray  # int32[num_words * 32]
+    plain_nodes: np.ndarray  # int32
+    plain_start: np.ndarray  # int64[max token length + 2]
+    other_nodes: np.ndarray  # int32
+    other_start: np.ndarray  # int64[max token length + 2]
+    other_parent: np.ndarray  # int32
+    other_byte: np.ndarray  # uint8
+    feed_nodes: np.ndarray  # int32
+    feed_start: np.ndarray  # int64[max token length + 2]
+    mask_depth: np.ndarray  # int32[num_words * 32]
 
     @property
     def num_words(self) -> int:
@@ -137,20 +158,49 @@ def _build_index(token_bytes: list[bytes | None], eos_ids: tuple[int, ...]) -> T
     parent = np.zeros(n, dtype=np.int64)
     byte[1:] = [p[-1] for p in ordered[1:]]
     parent[1:] = [node_of[p[:-1]] for p in ordered[1:]]
+    depth = np.fromiter(map(len, ordered), dtype=np.int64, count=n)
     nodes = np.arange(n)
     left = np.searchsorted(parent[1:], nodes, side="left") + 1
     right = np.searchsorted(parent[1:], nodes, side="right") + 1
     token_node = np.array([node_of[d] if d else -1 for d in token_bytes], dtype=np.int64)
+    words = (len(token_bytes) + 31) // 32
+    mask_node = np.full(words * 32, n, dtype=np.int32)
+    mask_node[: len(token_bytes)] = np.where(token_node >= 0, token_node, n)
+    depth_start = np.searchsorted(depth, np.arange(int(depth[-1]) + 2))
+    plain_byte = np.zeros(256, dtype=bool)
+    plain_byte[PLAIN_BYTES] = True
+    plain = np.ones(n, dtype=bool)
+    for d in range(1, depth_start.shape[0] - 1):
+        lo, hi = depth_start[d], depth_start[d + 1]
+        plain[lo:hi] = plain[parent[lo:hi]] & plain_byte[byte[lo:hi]]
+    plain_nodes, other_nodes = np.flatnonzero(plain), np.flatnonzero(~plain)
+    levels = np.arange(depth_start.shape[0])
+    feed = np.zeros(n, dtype=bool)
+    feed[parent[other_nodes]] = True
+    feed_nodes = np.flatnonzero(feed & plain)
+    plain_depth = np.where(plain, depth, 0)
+    mask_depth = np.zeros(words * 32, dtype=np.int32)
+    mask_depth[: len(token_bytes)] = np.where(token_node >= 0, plain_depth[token_node], 0)
     return TokenizerIndex(
         vocab_size=len(token_bytes),
         token_bytes=tuple(token_bytes),
         eos_ids=eos_ids,
         byte=byte,
+        parent=parent.astype(np.int32),
+        depth_start=depth_start,
         child_start=left.astype(np.int64),
         child_count=(right - left).astype(np.int64),
         token_node=token_node,
-        valid_ids=np.flatnonzero(token_node >= 0),
-        valid_nodes=token_node[token_node >= 0],
+        mask_node=mask_node,
+        plain_nodes=plain_nodes.astype(np.int32),
+        plain_start=np.searchsorted(depth[plain_nodes], levels),
+        other_nodes=other_nodes.astype(np.int32),
+        other_start=np.searchsorted(depth[other_nodes], levels),
+        other_parent=parent[other_nodes].astype(np.int32),
+        other_byte=byte[other_nodes],
+        feed_nodes=feed_nodes.astype(np.int32),
+        feed_start=np.searchsorted(depth[feed_nodes], levels),
+        mask_depth=mask_depth,
     )
 
 

@@ -39,6 +39,15 @@ def unpack_token_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor
     return bits.flatten(-2)[..., :vocab_size].bool()
 
 
+def _byte_bias(device: torch.device) -> torch.Tensor:
+    """[256, 8] float32: for each byte value, +inf where bit i is set and -inf where it is clear."""
+    bits = (torch.arange(256, device=device).unsqueeze(-1) >> torch.arange(8, device=device)) & 1
+    return torch.where(bits.bool(), float("inf"), float("-inf"))
+
+
+_BYTE_BIAS: dict[torch.device, torch.Tensor] = {}
+
+
 @triton.jit
 def _apply_bitmask_kernel(
     logits_ptr,
@@ -98,9 +107,26 @@ def apply_token_bitmask(
 def apply_token_bitmask_ref(
     logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None = None
 ) -> None:
-    """Torch twin of apply_token_bitmask."""
+    """Torch twin of apply_token_bitmask, and the CPU path.
+
+    Each bitmask byte looks up 8 bias values (+inf for an allowed token, -inf for a forbidden
+    one) and `minimum(logit, bias)` masks the whole batch in one elementwise op (a NaN logit
+    stays NaN, where the kernel writes -inf over a forbidden one).
+    """
     vocab = _check(logits, bitmask, indices)
-    rows = torch.arange(logits.shape[0], device=logits.device) if indices is None else indices
-    rows = rows.long()
-    allowed = unpack_token_bitmask(bitmask[rows], vocab)
-    logits[rows, :vocab] = logits[rows, :vocab].masked_fill(~allowed, float("-inf"))
+    if vocab == 0 or (indices is not None and indices.shape[0] == 0):
+        return
+    table = _BYTE_BIAS.get(logits.device)
+    if table is None:
+        table = _BYTE_BIAS.setdefault(logits.device, _byte_bias(logits.device))
+    words = bitmask if indices is None else bitmask[indices.long()]
+    # byte k of word j holds tokens 32j+8k .. 32j+8k+7
+    shifts = torch.arange(0, 32, 8, dtype=torch.int32, device=words.device)
+    data = ((words.unsqueeze(-1) >> shifts) & 0xFF).flatten(-2).long()
+    bias = torch.nn.functional.embedding(data, table).flatten(-2)[:, :vocab].to(logits.dtype)
+    if indices is None:
+        view = logits[:, :vocab]
+        torch.minimum(view, bias, out=view)
+    else:
+        rows = indices.long()
+        logits[rows, :vocab] = torch.minimum(logits[rows, :vocab], bias)

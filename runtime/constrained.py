@@ -3,7 +3,8 @@
 Compilation runs on a small thread pool (the caller waits on it, or awaits it), is cached by
 source in the GrammarCompiler, and is bounded by `grammar_compile_timeout`; a grammar that
 fails raises ValueError for its own request only. Per step, the rows of constrained requests
-get their allowed-token bitmask and the whole batch is masked in one call.
+get their allowed-token bitmask (cached per grammar state, so usually a copy), the others
+allow everything, and the whole batch is masked in one call.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import numpy as np
 import torch
 
 from radixflow.grammars import CompiledGrammar, CompileTimeout, GrammarCompiler
@@ -65,11 +67,12 @@ class GrammarBackend:
         rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
         if not rows:
             return
-        bitmask = torch.empty((logits.shape[0], (logits.shape[1] + 31) // 32), dtype=torch.int32)
+        words = (logits.shape[1] + 31) // 32
+        bitmask = np.full((logits.shape[0], words), -1, dtype=np.int32)
         for i in rows:
-            reqs[i].grammar.fill_mask(bitmask[i])
+            bitmask[i] = reqs[i].grammar.next_token_mask()
         apply = apply_token_bitmask if logits.is_cuda else apply_token_bitmask_ref
-        apply(logits, bitmask.to(logits.device), torch.tensor(rows, device=logits.device))
+        apply(logits, torch.from_numpy(bitmask).to(logits.device))
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

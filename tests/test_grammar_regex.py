@@ -100,6 +100,11 @@ PATTERNS = [
     r'"[^"]*"',
     r"é+|日本",
     r"(true|false)\n?",
+    r"(a?b?){0,5}c",  # a nullable item in a bounded repeat
+    r"(x{1,3}-){0,3}[0-9]{0,4}",
+    r"(?:[^\x00-\U0010FFFF]|ab)+1",  # a branch that matches nothing
+    r"[\ud800-\udfff]|é",  # surrogates have no UTF-8 form
+    r"[^\"]{1,2}(ab|cd)",  # plain bytes lead to one state, then they do not
 ]
 
 
@@ -140,6 +145,40 @@ def test_masks_match_brute_force_on_smollm(smollm, pattern):
         t = rng.choice(choices)
         assert m.accept(t)
         prefix += gc.index.token_bytes[t]
+
+
+@pytest.mark.parametrize(
+    "pattern", [r'[^"\\]{0,30}"[,}]', r"(?s:.){2,12}", r"[^\"]{2,20}(yes|no)\."]
+)
+def test_masks_with_most_of_the_vocab_alive_on_smollm(smollm, pattern):
+    """Most tokens stay alive several bytes deep: the walk takes whole trie depths at once."""
+    tok, gc = smollm
+    m = gc.compile_regex(pattern).matcher()
+    prefix = b""
+    for text in ["", "Hé", " the"]:
+        for t in tok.encode(text, add_special_tokens=False):
+            assert m.accept(t)
+            prefix += gc.index.token_bytes[t]
+        got = allowed_ids(m, gc.vocab_size)
+        eos_ok = re.fullmatch(pattern, prefix.decode(), re.DOTALL) is not None
+        expected = expected_ids(gc.index, pattern, prefix, eos_ok)
+        assert len(expected) > gc.vocab_size // 4
+        assert got == expected, (pattern, prefix)
+
+
+def test_bounded_repeat_states_stay_small(smollm):
+    """x{0,n} is nested, so a DFA state inside it holds a few NFA states, not n of them."""
+    tok, gc = smollm
+    pattern = r"[a-z ]{0,2000}!"
+    grammar = gc.compile_regex(pattern)
+    m = grammar.matcher()
+    text = "the quick brown fox jumps over the lazy dog " * 5
+    for t in tok.encode(text, add_special_tokens=False):
+        allowed_ids(m, gc.vocab_size)
+        assert m.accept(t)
+    assert max(len(s) for s in grammar.automaton.dfa.sets) <= 3
+    assert m.accept(tok.encode("!", add_special_tokens=False)[0])
+    assert tok.eos_token_id in allowed_ids(m, gc.vocab_size)
 
 
 @pytest.mark.skipif(
