@@ -1,99 +1,42 @@
 """Paged decode attention compiled for the CPU (kernels/cpu/decode_attention.cpp).
 
-The C++ source is built once with torch's extension builder (ninja + the system C++ compiler,
-`-O3 -march=native -fopenmp`) into `$RADIXFLOW_CACHE_DIR/cpu_kernels` (default
-`~/.cache/radixflow/cpu_kernels`), in a folder keyed by the source, the flags, the torch
-version and this CPU's instruction-set flags; later processes only load the built library.
-When the CPU lacks AVX-512 or the build fails, `cpu_decode_attention_available()` is False,
-one warning says why, and callers keep their torch path. The torch twin is
+The source is built with the other CPU kernels into one library by `radixflow.kernels.cpu_build`
+(cached on disk, keyed by the sources, flags, torch version and CPU). When the CPU lacks
+AVX-512 or the build fails, `cpu_decode_attention_available()` is False, one warning says why,
+and callers keep their torch path. The torch twin is
 `radixflow.kernels.decode_attention.decode_attention_ref`.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import os
-import platform
-import warnings
 from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).parent / "cpu" / "decode_attention.cpp"
-CFLAGS = ["-O3", "-march=native", "-fopenmp"]
-LDFLAGS = ["-fopenmp"]
+from radixflow.kernels import cpu_build
+from radixflow.kernels.cpu_build import build_root, cpu_supported
+
+__all__ = [
+    "build",
+    "build_root",
+    "cpu_decode_attention_available",
+    "cpu_supported",
+    "decode_attention_cpu",
+    "supports",
+]
+
 DTYPES = (torch.float32, torch.bfloat16)
 MAX_HEAD_DIM = 256
 
 
-def build_root() -> Path:
-    """`$RADIXFLOW_CACHE_DIR/cpu_kernels`, or `~/.cache/radixflow/cpu_kernels`."""
-    base = os.environ.get("RADIXFLOW_CACHE_DIR")
-    return (Path(base) if base else Path.home() / ".cache" / "radixflow") / "cpu_kernels"
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def cpu_supported() -> bool:
-    """Whether this CPU can run the kernel (x86-64 with AVX-512F)."""
-    return platform.machine() in ("x86_64", "AMD64") and "avx512f" in _cpu_flags()
-
-
 def build(root: Path | None = None) -> bool:
-    """Compile (or reuse) and load the kernel library; False, with a warning, when it cannot."""
-    flags = _cpu_flags()
-    if not cpu_supported():
-        warnings.warn(
-            "radixflow: this CPU has no AVX-512; decode attention uses the torch path",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return False
-    source = SOURCE.read_bytes()
-    key = b"|".join(
-        [source, " ".join(CFLAGS + LDFLAGS).encode(), torch.__version__.encode()]
-        + [" ".join(sorted(flags)).encode()]
-    )
-    folder = (root or build_root()) / f"decode_attention-{hashlib.sha256(key).hexdigest()[:16]}"
-    try:
-        from torch.utils.cpp_extension import load
-
-        folder.mkdir(parents=True, exist_ok=True)
-        load(
-            name="radixflow_cpu_attention",
-            sources=[str(SOURCE)],
-            extra_cflags=CFLAGS,
-            extra_ldflags=LDFLAGS,
-            build_directory=str(folder),
-            is_python_module=False,
-            verbose=False,
-        )
-    except Exception as exc:  # no compiler, no ninja, a failed build: keep the torch path
-        warnings.warn(
-            f"radixflow: could not build the CPU attention kernel ({type(exc).__name__}: "
-            f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}); "
-            "decode attention uses the torch path",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return False
-    return True
+    """Compile (or reuse) and load the CPU kernel library; False, with a warning, when it cannot."""
+    return cpu_build.build(root)
 
 
-@functools.cache
 def cpu_decode_attention_available() -> bool:
     """True when the compiled kernel is loaded (built on the first call of the process)."""
-    return build()
+    return cpu_build.cpu_kernels_available()
 
 
 def supports(dtype: torch.dtype, head_dim: int) -> bool:

@@ -15,6 +15,7 @@ from torch import nn
 
 from radixflow.runtime.attention.base import AttentionBackend, AttentionLayerSpec
 from radixflow.runtime.forward_batch import ForwardBatch
+from radixflow.runtime.models.linear import Linear, linear
 from radixflow.runtime.models.rope import RopeSpec, apply_rotary_neox
 
 # (q, k) -> rotated (q, k), built once per forward for the batch's positions
@@ -53,8 +54,8 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
         bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
         self.qk_norm = config.model_type == "qwen3"
         if self.qk_norm:
             self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
@@ -90,8 +91,8 @@ class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
         self.intermediate = intermediate
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
@@ -175,7 +176,7 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             x = layer(x, rotate, batch)
         x = self.norm(x.index_select(0, batch.logits_indices))
-        return F.linear(x, self.output_weight).float()
+        return linear(x, self.output_weight).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors in, fusing q/k/v and gate/up; every parameter must be set."""
