@@ -15,6 +15,7 @@ import torch
 
 from radixflow.kernels import cpu_build
 from radixflow.kernels.cpu_build import build_root, cpu_supported
+from radixflow.kernels.decode_attention import check_decode_args
 
 __all__ = [
     "build",
@@ -69,18 +70,13 @@ def decode_attention_cpu(
     """
     if not cpu_decode_attention_available():
         raise RuntimeError("the CPU attention kernel is not available on this machine")
-    _check_args(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sm_scale)
-    if logit_cap < 0:
-        raise ValueError(f"logit_cap must be >= 0 (0 disables), got {logit_cap}")
-    if sliding_window == 0 or sliding_window < -1:
-        raise ValueError(f"sliding_window must be positive or -1, got {sliding_window}")
+    check_decode_args(
+        q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, logit_cap,
+        sliding_window, None, out,
+    )  # fmt: skip
+    _check_cpu_args(q, k_buffer, v_buffer, req_to_token, sm_scale)
     if out is None:
         out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
-        raise ValueError(
-            f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim, got "
-            f"{tuple(out.shape)} {out.dtype}"
-        )
     if lse is not None and (
         lse.shape != q.shape[:2] or lse.dtype != torch.float32 or lse.stride(-1) != 1
     ):
@@ -101,24 +97,14 @@ def decode_attention_cpu(
     return out
 
 
-def _check_args(
+def _check_cpu_args(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
     req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
     sm_scale: float,
 ) -> None:
-    if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape:
-        raise ValueError(
-            f"expected q [B,H,D] and k/v buffers [S,KVH,D] of one shape, got q {tuple(q.shape)}, "
-            f"k_buffer {tuple(k_buffer.shape)}, v_buffer {tuple(v_buffer.shape)}"
-        )
-    if q.shape[2] != k_buffer.shape[2] or q.shape[1] % k_buffer.shape[1] != 0:
-        raise ValueError(
-            f"q heads/dim {tuple(q.shape[1:])} do not fit KV heads/dim {tuple(k_buffer.shape[1:])}"
-        )
+    """What this kernel asks beyond any decode-attention call: dtype, device, layout, scale."""
     if q.shape[2] > MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be at most {MAX_HEAD_DIM}, got {q.shape[2]}")
     if q.dtype not in DTYPES or k_buffer.dtype != q.dtype or v_buffer.dtype != q.dtype:
@@ -130,15 +116,9 @@ def _check_args(
         raise ValueError("the CPU attention kernel takes CPU tensors only")
     if k_buffer.stride(-1) != 1 or v_buffer.stride(-1) != 1:
         raise ValueError("k_buffer and v_buffer must be contiguous in the last dim")
-    if req_to_token.dim() != 2 or req_to_token.dtype != torch.int32 or req_to_token.stride(1) != 1:
+    if req_to_token.dtype != torch.int32 or req_to_token.stride(1) != 1:
         raise ValueError(
-            f"req_to_token must be 2-D int32 with contiguous rows, got "
-            f"{tuple(req_to_token.shape)} {req_to_token.dtype}"
-        )
-    if req_pool_indices.shape != (q.shape[0],) or seq_lens.shape != (q.shape[0],):
-        raise ValueError(
-            f"req_pool_indices {tuple(req_pool_indices.shape)} and seq_lens "
-            f"{tuple(seq_lens.shape)} must both be [{q.shape[0]}]"
+            f"req_to_token must be int32 with contiguous rows, got {req_to_token.dtype}"
         )
     if sm_scale <= 0:
         raise ValueError(f"sm_scale must be positive, got {sm_scale}")

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 SOURCES = tuple(sorted((Path(__file__).parent / "cpu").glob("*.cpp")))
+HEADERS = tuple(sorted((Path(__file__).parent / "cpu").glob("*.h")))
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
 LIBRARY = "radixflow_cpu_kernels"
@@ -58,7 +59,7 @@ def build(root: Path | None = None) -> bool:
         )
         return False
     key = b"|".join(
-        [path.name.encode() + b"\0" + path.read_bytes() for path in SOURCES]
+        [path.name.encode() + b"\0" + path.read_bytes() for path in SOURCES + HEADERS]
         + [" ".join(CFLAGS + LDFLAGS).encode(), torch.__version__.encode()]
         + [" ".join(sorted(cpu_flags())).encode()]
     )

@@ -160,7 +160,7 @@ def head_block_size(group: int) -> int:
     return max(16, min(64, triton.next_power_of_2(group)))
 
 
-def _check_args(
+def check_decode_args(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
@@ -172,6 +172,7 @@ def _check_args(
     num_kv_splits: int | None,
     out: torch.Tensor | None,
 ) -> None:
+    """ValueError naming the first argument of a paged decode-attention call that is wrong."""
     if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape:
         raise ValueError(
             f"expected q [B,H,D] and k/v buffers [S,KVH,D] of one shape, got q {tuple(q.shape)}, "
@@ -222,7 +223,7 @@ def decode_attention(
     choose_num_kv_splits (reads seq_lens.max(), a device sync); pass a fixed value under CUDA
     graphs.
     """
-    _check_args(
+    check_decode_args(
         q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
         logit_cap, sliding_window, num_kv_splits, out,
     )  # fmt: skip
@@ -284,7 +285,7 @@ def decode_attention_ref(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Torch twin of decode_attention (num_kv_splits is accepted and has no effect), fp32 math."""
-    _check_args(
+    check_decode_args(
         q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
         logit_cap, sliding_window, num_kv_splits, out,
     )  # fmt: skip

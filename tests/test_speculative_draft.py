@@ -12,7 +12,13 @@ import pytest
 import torch
 import transformers
 from kv_checks import assert_kv_released
-from test_speculative_engine import SCHEMA, _exact_tree, _params, _prompts
+from test_speculative_engine import (
+    SCHEMA,
+    _exact_tree,
+    _params,
+    _prompts,
+    assert_samples_follow_tree,
+)
 from tiny_models import make_tiny_model_dir
 
 import radixflow as rf
@@ -145,19 +151,7 @@ def test_sampling_with_a_draft_follows_the_target_distribution(model_dir, skip_d
         engine.shutdown()
     assert stats["spec_accepted_tokens"] > 300
     assert stats["spec_draft_tokens"] - stats["spec_accepted_tokens"] > 300
-    counts: dict[tuple, int] = {}
-    for o in outs:
-        key = tuple(o["output_ids"])
-        assert key in tree and len(key) == steps, f"{key} is outside the top-2 tree"
-        counts[key] = counts.get(key, 0) + 1
-    leaves = [seq for seq in tree if len(seq) == steps]
-    observed = [counts.get(c, 0) for c in leaves]
-    expected = [tree[c][0] * n for c in leaves]
-    assert min(expected) > 1  # the chi-square approximation needs populated cells
-    stat = sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True))
-    df = len(observed) - 1
-    p_value = float(torch.special.gammaincc(torch.tensor(df / 2.0), torch.tensor(stat / 2.0)))
-    assert p_value > 1e-3, (stat, df, observed, expected)
+    assert_samples_follow_tree(outs, tree, steps, n)
 
 
 def test_aborted_and_finished_requests_free_the_draft_kv(model_dir, skip_draft):

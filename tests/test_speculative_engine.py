@@ -160,6 +160,23 @@ def _exact_tree(path, prompt: list[int], steps: int, top_k: int) -> dict[tuple, 
     return tree
 
 
+def assert_samples_follow_tree(outs: list[dict], tree: dict, steps: int, n: int) -> None:
+    """Chi-square test: the n sampled outputs are drawn from the exact distribution `tree`."""
+    counts: dict[tuple, int] = {}
+    for o in outs:
+        key = tuple(o["output_ids"])
+        assert key in tree and len(key) == steps, f"{key} is outside the top-2 tree"
+        counts[key] = counts.get(key, 0) + 1
+    leaves = [seq for seq in tree if len(seq) == steps]
+    observed = [counts.get(c, 0) for c in leaves]
+    expected = [tree[c][0] * n for c in leaves]
+    assert min(expected) > 1  # the chi-square approximation needs populated cells
+    stat = sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True))
+    df = len(observed) - 1
+    p_value = float(torch.special.gammaincc(torch.tensor(df / 2.0), torch.tensor(stat / 2.0)))
+    assert p_value > 1e-3, (stat, df, observed, expected)
+
+
 def test_sampling_with_speculation_follows_the_target_distribution(model_dir, monkeypatch):
     """Chi-square of 4-token continuations (top_k=2: 16 outcomes) against the exact law.
 
@@ -198,19 +215,7 @@ def test_sampling_with_speculation_follows_the_target_distribution(model_dir, mo
         engine.shutdown()
     assert stats["spec_accepted_tokens"] > 300
     assert stats["spec_draft_tokens"] - stats["spec_accepted_tokens"] > 300
-    counts: dict[tuple, int] = {}
-    for o in outs:
-        key = tuple(o["output_ids"])
-        assert key in tree and len(key) == steps, f"{key} is outside the top-2 tree"
-        counts[key] = counts.get(key, 0) + 1
-    leaves = [seq for seq in tree if len(seq) == steps]
-    observed = [counts.get(c, 0) for c in leaves]
-    expected = [tree[c][0] * n for c in leaves]
-    assert min(expected) > 1  # the chi-square approximation needs populated cells
-    stat = sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True))
-    df = len(observed) - 1
-    p_value = float(torch.special.gammaincc(torch.tensor(df / 2.0), torch.tensor(stat / 2.0)))
-    assert p_value > 1e-3, (stat, df, observed, expected)
+    assert_samples_follow_tree(outs, tree, steps, n)
 
 
 def test_seeded_sampling_is_reproducible_with_speculation(model_dir):

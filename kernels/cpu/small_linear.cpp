@@ -18,30 +18,16 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "simd.h"
+
+using radixflow_cpu::sum_lanes16;
+
 #include <algorithm>
 #include <vector>
 
 namespace {
 
 constexpr int kMaxRows = 8;
-
-// Lane j of the result is the sum of the lanes of v[j]: a transpose and add in four rounds.
-inline __m512 sum_lanes16(const __m512* v) {
-  __m512 t[8], u[4], w[2];
-  for (int i = 0; i < 8; ++i)
-    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
-    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  for (int i = 0; i < 2; ++i)
-    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
-                       _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
-}
 
 // How one line of w meets one line of x. `W`/`X` are the element types read, `kStep` the
 // elements per line, `Vec` what a line loads into.
