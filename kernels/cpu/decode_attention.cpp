@@ -24,6 +24,8 @@
 
 #include "simd.h"
 
+using radixflow_cpu::exp16;
+using radixflow_cpu::load16;
 using radixflow_cpu::sum_lanes16;
 
 #include <algorithm>
@@ -38,33 +40,6 @@ constexpr int kBlock = 16;         // keys per block: one vector of scores per q
 constexpr int kMaxVecs = 16;       // head_dim <= 256
 constexpr int64_t kMinRange = 256;  // shorter key ranges cost more to merge than they save
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// fp32 lanes from 16 elements of the pool's dtype; lanes outside `mask` are zero.
-inline __m512 load16(const float* p, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, p); }
-
-inline __m512 load16(const c10::BFloat16* p, __mmask16 mask) {
-  __m256i raw = _mm256_maskz_loadu_epi16(mask, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-// e^x: x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial (error below
-// 1e-8), times 2^n. Very negative x (including -inf) gives 0.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
 
 struct Problem {
   const void* q;

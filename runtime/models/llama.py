@@ -2,7 +2,9 @@
 
 Differences between the families are config switches: q/k/v bias (Qwen2), per-head q/k
 RMSNorm (Qwen3), tied embeddings, RoPE scaling, GQA. q/k/v and gate/up projections are
-fused into one matmul each; attention goes through the AttentionBackend seam.
+fused into one matmul each; attention goes through the AttentionBackend seam. On the CPU,
+RMSNorm (with the residual add before it fused in), SiLU-and-mul and rotary run as compiled
+kernels (kernels/cpu_elementwise.py) where they apply; on CUDA, norm and rotary use Triton.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixflow.kernels import cpu_elementwise
 from radixflow.runtime.attention.base import AttentionBackend, AttentionLayerSpec
 from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.models.linear import Linear, linear
@@ -41,8 +44,26 @@ class RMSNorm(nn.Module):
             from radixflow.kernels.norm import rms_norm
 
             return rms_norm(x, self.weight, self.eps)
+        if x.dim() == 2 and x.stride(-1) == 1 and cpu_elementwise.applies(x, self.weight):
+            return cpu_elementwise.rms_norm(x, self.weight, self.eps)
         # torch's fused kernel accumulates in float32 for low-precision inputs, as HF does.
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+    def add_forward(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual); on the CPU kernel path in one pass, the sum
+        written over `residual`."""
+        if (
+            not self.use_triton
+            and x.dim() == 2
+            and x.stride(-1) == 1
+            and residual.stride(-1) == 1
+            and cpu_elementwise.applies(x, residual, self.weight)
+        ):
+            return cpu_elementwise.add_rms_norm(x, residual, self.weight, self.eps)
+        residual = x + residual
+        return self(residual), residual
 
 
 class Attention(nn.Module):
@@ -95,7 +116,10 @@ class MLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if gate_up.dim() == 2 and cpu_elementwise.applies(gate_up):
+            return self.down_proj(cpu_elementwise.silu_and_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -107,9 +131,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x: torch.Tensor, rotate: Rotate, batch: ForwardBatch) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rotate, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, rotate: Rotate, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous sublayer's output; residual: the stream before it was added (None
+        in the first layer, where x is the embedding). Returns the MLP output and the stream
+        without it: the residual add is fused into the next norm."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        h = self.self_attn(h, rotate, batch)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -160,6 +194,15 @@ class LlamaForCausalLM(nn.Module):
         cos_sin = self.cos_sin_cache.index_select(0, positions).to(dtype)
         dim = self.rope.rotary_dim
 
+        def rotate_in_place(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return (
+                cpu_elementwise.rotary_neox_(q, cos_sin, dim),
+                cpu_elementwise.rotary_neox_(k, cos_sin, dim),
+            )
+
+        if cpu_elementwise.applies(cos_sin):
+            return rotate_in_place
+
         def rotate_ref(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return apply_rotary_neox(cos_sin, q, dim), apply_rotary_neox(cos_sin, k, dim)
 
@@ -173,9 +216,11 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
         rotate = self._rotation(batch.positions, x.dtype)
+        residual = None
         for layer in self.layers:
-            x = layer(x, rotate, batch)
-        x = self.norm(x.index_select(0, batch.logits_indices))
+            x, residual = layer(x, residual, rotate, batch)
+        rows = batch.logits_indices
+        x = self.norm(x.index_select(0, rows) + residual.index_select(0, rows))
         return linear(x, self.output_weight).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
