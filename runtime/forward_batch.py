@@ -39,6 +39,42 @@ class ForwardBatch:
     extend_lens_cpu: list[int]
     logits_indices: torch.Tensor  # [L] int64: token rows whose logits the caller wants
 
+    @classmethod
+    def build(
+        cls,
+        input_ids: list[int],
+        positions: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        req_to_token: torch.Tensor,
+        rows: list[int],
+        prefix_lens: list[int],
+        extend_lens: list[int],
+        logits_indices: torch.Tensor,
+        device: torch.device,
+    ) -> ForwardBatch:
+        """The batch of requests at `rows` of req_to_token, each adding extend_lens[i] tokens
+        after prefix_lens[i] cached ones (DECODE when every request adds one)."""
+        seq = [p + n for p, n in zip(prefix_lens, extend_lens, strict=True)]
+
+        def ints(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        return cls(
+            mode=ForwardMode.DECODE if all(n == 1 for n in extend_lens) else ForwardMode.EXTEND,
+            input_ids=ints(input_ids),
+            positions=positions.to(device),
+            out_cache_loc=out_cache_loc.to(device),
+            req_to_token=req_to_token,
+            req_pool_indices=ints(rows),
+            seq_lens=ints(seq),
+            prefix_lens=ints(prefix_lens),
+            extend_lens=ints(extend_lens),
+            seq_lens_cpu=seq,
+            prefix_lens_cpu=list(prefix_lens),
+            extend_lens_cpu=list(extend_lens),
+            logits_indices=logits_indices.to(device),
+        )
+
     @property
     def batch_size(self) -> int:
         return len(self.seq_lens_cpu)

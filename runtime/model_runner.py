@@ -10,7 +10,7 @@ import torch
 from radixflow.runtime.attention.base import AttentionBackend
 from radixflow.runtime.attention.torch_backend import TorchBackend
 from radixflow.runtime.config import EngineConfig
-from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.kv_pool import KVPool
 from radixflow.runtime.models.llama import LlamaForCausalLM
 from radixflow.runtime.scheduler import ScheduledStep
@@ -103,29 +103,23 @@ class ModelRunner:
     def build_batch(self, step: ScheduledStep, logits_indices: torch.Tensor) -> ForwardBatch:
         reqs, lens = step.reqs, step.extend_lens
         prefix = [r.kv_len for r in reqs]
-        seq = [p + n for p, n in zip(prefix, lens, strict=True)]
-        decode = all(n == 1 for n in lens)
-        if decode:
+        if all(n == 1 for n in lens):
             ids = [r.output_ids[-1] if r.output_ids else r.prompt_ids[-1] for r in reqs]
             positions = torch.tensor(prefix, dtype=torch.int64)
         else:
+            seq = [p + n for p, n in zip(prefix, lens, strict=True)]
             ids = [t for r, p, s in zip(reqs, prefix, seq, strict=True) for t in r.fill_ids(p, s)]
             positions = torch.cat([torch.arange(p, s) for p, s in zip(prefix, seq, strict=True)])
-        dev = self.device
-        return ForwardBatch(
-            mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=positions.to(dev),
-            out_cache_loc=step.out_cache_loc.to(dev),
-            req_to_token=self.pool.req_to_token,
-            req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int64, device=dev),
-            seq_lens=torch.tensor(seq, dtype=torch.int64, device=dev),
-            prefix_lens=torch.tensor(prefix, dtype=torch.int64, device=dev),
-            extend_lens=torch.tensor(lens, dtype=torch.int64, device=dev),
-            seq_lens_cpu=seq,
-            prefix_lens_cpu=prefix,
-            extend_lens_cpu=list(lens),
-            logits_indices=logits_indices.to(dev),
+        return ForwardBatch.build(
+            ids,
+            positions,
+            step.out_cache_loc,
+            self.pool.req_to_token,
+            [r.row for r in reqs],
+            prefix,
+            lens,
+            logits_indices,
+            self.device,
         )
 
     @torch.inference_mode()

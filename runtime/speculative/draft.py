@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from radixflow.runtime.config import EngineConfig
-from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.model_loader import load_checkpoint
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.request import Req
@@ -181,7 +181,6 @@ class DraftProposer(Proposer):
         positions: list[int] = []
         pages: list[int] = []
         prefix: list[int] = []
-        seq: list[int] = []
         for slot, n in zip(slots, counts, strict=True):
             end = len(slot.ids)
             start = end - n
@@ -190,22 +189,15 @@ class DraftProposer(Proposer):
             positions.extend(range(start, end))
             table[slot.row, start:end] = torch.tensor(slot.pages[start:], dtype=torch.int32)
             prefix.append(start)
-            seq.append(end)
-        dev = self.runner.device
-        ends = torch.tensor(counts, dtype=torch.int64).cumsum(0) - 1
-        batch = ForwardBatch(
-            mode=ForwardMode.DECODE if len(ids) == len(slots) else ForwardMode.EXTEND,
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            out_cache_loc=torch.tensor(pages, dtype=torch.int64, device=dev),
-            req_to_token=table,
-            req_pool_indices=torch.tensor([s.row for s in slots], dtype=torch.int64, device=dev),
-            seq_lens=torch.tensor(seq, dtype=torch.int64, device=dev),
-            prefix_lens=torch.tensor(prefix, dtype=torch.int64, device=dev),
-            extend_lens=torch.tensor(counts, dtype=torch.int64, device=dev),
-            seq_lens_cpu=seq,
-            prefix_lens_cpu=prefix,
-            extend_lens_cpu=list(counts),
-            logits_indices=ends.to(dev),
+        batch = ForwardBatch.build(
+            ids,
+            torch.tensor(positions, dtype=torch.int64),
+            torch.tensor(pages, dtype=torch.int64),
+            table,
+            [s.row for s in slots],
+            prefix,
+            counts,
+            torch.tensor(counts, dtype=torch.int64).cumsum(0) - 1,
+            self.runner.device,
         )
         return self.runner.forward(batch).argmax(dim=-1).tolist()
