@@ -233,10 +233,12 @@ class TorchBackend(AttentionBackend):
             seq = row.prefix_len + row.length
             kr = gather_rows(k_buf.view(-1, d), row.head_rows).view(kvh, seq, d)
             vr = gather_rows(v_buf.view(-1, d), row.head_rows).view(kvh, seq, d)
-            mask = row.masks.get(layer.sliding_window)
-            if mask is None:  # built once per forward, not once per layer
-                mask = _causal_mask(row.prefix_len, row.length, layer.sliding_window)
-                row.masks[layer.sliding_window] = mask
+            mask = None  # no prefix, no window, no cap: SDPA's own causal mask skips blocks
+            if row.prefix_len or layer.sliding_window > 0 or layer.logit_cap > 0:
+                mask = row.masks.get(layer.sliding_window)
+                if mask is None:  # built once per forward, not once per layer
+                    mask = _causal_mask(row.prefix_len, row.length, layer.sliding_window)
+                    row.masks[layer.sliding_window] = mask
             o = _sdpa(qr[None], kr[None].to(q.dtype), vr[None].to(q.dtype), mask, layer)
             out[row.start : row.start + row.length] = o[0].transpose(0, 1).reshape(row.length, -1)
         return out
@@ -383,10 +385,11 @@ def _sdpa(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
     layer: AttentionLayerSpec,
     gqa: bool = True,
 ) -> torch.Tensor:
+    """Attention of q over k/v; mask None means causal over equally long q and k."""
     if layer.logit_cap > 0:
         if gqa and q.shape[1] != k.shape[1]:
             rep = q.shape[1] // k.shape[1]
@@ -396,5 +399,11 @@ def _sdpa(
         scores = scores.masked_fill(~mask, float("-inf"))
         return (scores.softmax(-1) @ v.float()).to(q.dtype)
     return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, scale=layer.scaling, enable_gqa=gqa and q.shape[1] != k.shape[1]
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=layer.scaling,
+        enable_gqa=gqa and q.shape[1] != k.shape[1],
     )
