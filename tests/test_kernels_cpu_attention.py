@@ -83,6 +83,26 @@ def test_long_sequences_split_across_threads_merge_exactly(lengths):
     assert torch.allclose(lse, dense_lse(*args, 0.125), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("lengths", [[60, 3001], [3001], [90, 20]], ids=["mixed", "long", "short"])
+def test_query_rows_sharing_a_sequence_see_up_to_their_own_position(dtype, lengths):
+    """The k+1 tokens of a speculative verify: consecutive rows over one req_to_token row, row
+    j seeing the first len - k + j keys; grouped in the kernel (one K/V load for all), split
+    into ranges when the sequence is long."""
+    q, k, v, table, rows, seq_lens = problem(lengths, 3, 3, 64, 16, dtype, seed=len(lengths))
+    verify = 5
+    rows = torch.cat([rows[:-1], rows[-1:].repeat(verify)])
+    last = int(seq_lens[-1])
+    seq_lens = torch.cat([seq_lens[:-1], torch.arange(last - verify + 1, last + 1)])
+    q = torch.randn(len(rows), q.shape[1], q.shape[2], generator=torch.Generator().manual_seed(7))
+    q = q.to(dtype)
+    args = (q, k, v, table, rows, seq_lens)
+    out, lse = run_kernel(*args, 0.125)
+    ref = decode_attention_ref(*(t.float() if t.is_floating_point() else t for t in args), 0.125)
+    assert relative_error(out, ref) < TOLERANCE[dtype]
+    assert torch.allclose(lse, dense_lse(*args, 0.125), rtol=1e-5, atol=1e-4)
+
+
 def test_table_slice_attends_the_suffix_only():
     q, k, v, table, rows, seq_lens = problem([90, 130], 3, 3, 64, 1, torch.float32, seed=3)
     out, lse = run_kernel(q, k, v, table[:, 64:], rows, seq_lens - 64, 0.125)

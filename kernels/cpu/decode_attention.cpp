@@ -9,6 +9,10 @@
 //             m_h, l_h, acc_h rescaled by the new running max
 //             acc_h += sum_j p[j] * v[j]
 //
+// Consecutive rows over the same req_to_token row (the k+1 tokens of a speculative verify,
+// each seeing the keys up to its own position) form one group: each block of K/V is loaded
+// and converted once for all of the group's queries.
+//
 // When there are too few requests to keep the threads busy, long sequences are cut into
 // ranges; each range writes a normalised partial output and its log-sum-exp, and a second pass
 // merges the ranges of one request by their log-sum-exp.
@@ -32,12 +36,14 @@ using radixflow_cpu::sum_lanes16;
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace {
 
 constexpr int kBlock = 16;         // keys per block: one vector of scores per query head
 constexpr int kMaxVecs = 16;       // head_dim <= 256
+constexpr int64_t kMaxGroup = 16;  // query rows sharing one sequence's K/V loads
 constexpr int64_t kMinRange = 256;  // shorter key ranges cost more to merge than they save
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -57,8 +63,8 @@ struct Problem {
 };
 
 struct Item {
-  int64_t b, lo, hi;
-  int64_t part;  // -1: the whole range, written to out; else its slot in the partial buffers
+  int64_t b, rows, lo, hi;  // query rows b .. b + rows - 1 (one group) over keys [lo, hi)
+  int64_t piece;            // -1: the whole range, written to out; else which range it is
 };
 
 // First visible key of request b (the sliding window's start, or 0).
@@ -68,13 +74,14 @@ inline int64_t first_key(const Problem& p, int64_t b) {
 
 // Per-thread working memory.
 struct Scratch {
-  std::vector<__m512> qv, acc;  // [heads * vectors per head]: scaled queries, output sums
-  std::vector<float> m, l;      // running max and sum per query head
+  std::vector<__m512> qv, acc;  // [rows * heads * vectors per head]: scaled queries, sums
+  std::vector<float> m, l;      // running max and sum per query row and head
   std::vector<float> kf, vf;    // [kBlock, vectors * 16]: one block of one KV head in fp32
-  std::vector<float> o, lse;    // one item's result [heads, head_dim], [heads]
+  std::vector<float> o, lse;    // one item's result [rows, heads, head_dim], [rows, heads]
   Scratch(int64_t heads, int64_t vecs, int64_t head_dim)
-      : qv(heads * vecs), acc(heads * vecs), m(heads), l(heads), kf(kBlock * vecs * 16),
-        vf(kBlock * vecs * 16), o(heads * head_dim), lse(heads) {}
+      : qv(kMaxGroup * heads * vecs), acc(kMaxGroup * heads * vecs), m(kMaxGroup * heads),
+        l(kMaxGroup * heads), kf(kBlock * vecs * 16), vf(kBlock * vecs * 16),
+        o(kMaxGroup * heads * head_dim), lse(kMaxGroup * heads) {}
 };
 
 // Rows of one KV head of a block as fp32: the pool's own rows for float32, converted
@@ -97,26 +104,27 @@ inline void rows_fp32(const c10::BFloat16* const* rows, int n, int64_t head_dim,
   }
 }
 
-// Attention of every query head of request it.b over its keys [lo, hi): o [heads, head_dim]
-// normalised (fp32), lse [heads]. The query heads of one KV head share each K/V row load; all
-// KV heads of a key are visited together, so a page of the pool is read front to back.
+// Attention of every query head of the item's rows over keys [lo, hi), each row seeing the
+// keys before its own seq_len: s.o [rows, heads, head_dim] normalised (fp32), s.lse
+// [rows, heads]. The query heads (and rows) of one KV head share each K/V row load; all KV
+// heads of a key are visited together, so a page of the pool is read front to back.
 // An empty range gives o = 0, lse = -inf.
 template <typename T, int NV>
-void attend_range(const Problem& p, const Item& it, float* o, float* lse, Scratch& s) {
-  const int64_t G = p.group, D = p.head_dim, H = p.heads;
+void attend_range(const Problem& p, const Item& it, Scratch& s) {
+  const int64_t G = p.group, D = p.head_dim, H = p.heads, RH = it.rows * H;
   const __mmask16 tail = D % 16 ? (__mmask16)((1u << (D % 16)) - 1) : (__mmask16)0xFFFF;
   auto lane_mask = [&](int vec) { return vec == NV - 1 ? tail : (__mmask16)0xFFFF; };
   __m512* qv = s.qv.data();
   __m512* acc = s.acc.data();
-  const T* q = static_cast<const T*>(p.q) + it.b * p.q_stride_b;
-  for (int64_t h = 0; h < H; ++h) {
+  for (int64_t rh = 0; rh < RH; ++rh) {  // rh = row * H + head
+    const T* q = static_cast<const T*>(p.q) + (it.b + rh / H) * p.q_stride_b;
     for (int vec = 0; vec < NV; ++vec) {
-      qv[h * NV + vec] = _mm512_mul_ps(load16(q + h * p.q_stride_h + vec * 16, lane_mask(vec)),
-                                       _mm512_set1_ps(p.scale));
-      acc[h * NV + vec] = _mm512_setzero_ps();
+      qv[rh * NV + vec] = _mm512_mul_ps(
+          load16(q + (rh % H) * p.q_stride_h + vec * 16, lane_mask(vec)), _mm512_set1_ps(p.scale));
+      acc[rh * NV + vec] = _mm512_setzero_ps();
     }
-    s.m[h] = kNegInf;
-    s.l[h] = 0.0f;
+    s.m[rh] = kNegInf;
+    s.l[rh] = 0.0f;
   }
   const int32_t* slots = p.table + p.rows[it.b] * p.table_stride;
   const T* kbase = static_cast<const T*>(p.k);
@@ -132,7 +140,6 @@ void attend_range(const Problem& p, const Item& it, float* o, float* lse, Scratc
   alignas(64) float probs[kBlock];
   for (int64_t t0 = it.lo; t0 < it.hi; t0 += kBlock) {
     const int n = (int)std::min<int64_t>(kBlock, it.hi - t0);
-    const __mmask16 valid = (__mmask16)((1u << n) - 1);
     // Pull the next block's rows towards the cache while this one is computed.
     const int64_t next_n = std::min<int64_t>(kBlock, it.hi - t0 - kBlock);
     for (int64_t j = 0; j < next_n; ++j) {
@@ -149,10 +156,15 @@ void attend_range(const Problem& p, const Item& it, float* o, float* lse, Scratc
       }
       rows_fp32<NV>(krow, n, D, s.kf.data(), kf);
       rows_fp32<NV>(vrow, n, D, s.vf.data(), vf);
-      for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+      for (int64_t r = 0; r < it.rows; ++r) {
+       // keys of this block that row r sees (its seq_len may end inside or before the block)
+       const int nr = (int)std::min<int64_t>(n, p.seq_lens[it.b + r] - t0);
+       if (nr <= 0) continue;
+       const __mmask16 valid = (__mmask16)((1u << nr) - 1);
+       for (int64_t h = r * H + kvh * G; h < r * H + (kvh + 1) * G; ++h) {
         // scores of the block: lane j = q_h . k_j
         for (int j = 0; j < kBlock; ++j) {
-          if (j >= n) {
+          if (j >= nr) {
             dots[j] = _mm512_setzero_ps();
             continue;
           }
@@ -165,7 +177,7 @@ void attend_range(const Problem& p, const Item& it, float* o, float* lse, Scratc
         __m512 sc = sum_lanes16(dots);
         if (p.cap > 0) {
           _mm512_store_ps(probs, sc);
-          for (int j = 0; j < n; ++j) probs[j] = p.cap * std::tanh(probs[j] / p.cap);
+          for (int j = 0; j < nr; ++j) probs[j] = p.cap * std::tanh(probs[j] / p.cap);
           sc = _mm512_load_ps(probs);
         }
         // online softmax: new running max, rescale what was summed, the block's probabilities
@@ -179,21 +191,22 @@ void attend_range(const Problem& p, const Item& it, float* o, float* lse, Scratc
         const __m512 a = _mm512_set1_ps(alpha);
         for (int vec = 0; vec < NV; ++vec) {
           __m512 sum = _mm512_mul_ps(acc[h * NV + vec], a);
-          for (int j = 0; j < n; ++j)
+          for (int j = 0; j < nr; ++j)
             sum = _mm512_fmadd_ps(_mm512_set1_ps(probs[j]),
                                   _mm512_maskz_loadu_ps(lane_mask(vec), vf[j] + vec * 16), sum);
           acc[h * NV + vec] = sum;
         }
+       }
       }
     }
   }
-  for (int64_t h = 0; h < H; ++h) {
-    const float l = s.l[h];
+  for (int64_t rh = 0; rh < RH; ++rh) {
+    const float l = s.l[rh];
     const __m512 inv = _mm512_set1_ps(l > 0 ? 1.0f / l : 0.0f);
     for (int vec = 0; vec < NV; ++vec)
-      _mm512_mask_storeu_ps(o + h * D + vec * 16, lane_mask(vec),
-                            _mm512_mul_ps(acc[h * NV + vec], inv));
-    lse[h] = l > 0 ? s.m[h] + std::log(l) : kNegInf;
+      _mm512_mask_storeu_ps(s.o.data() + rh * D + vec * 16, lane_mask(vec),
+                            _mm512_mul_ps(acc[rh * NV + vec], inv));
+    s.lse[rh] = l > 0 ? s.m[rh] + std::log(l) : kNegInf;
   }
 }
 
@@ -206,26 +219,48 @@ void write_output(const Problem& p, int64_t b, const float* o, const float* lse)
   }
 }
 
-// One item per request, or several when the batch has too little parallel work for the
-// threads (few requests, long sequences). Request b's partial results, if split, take the
-// slots [first_part[b], first_part[b + 1]).
+// Rows b .. end-1 that share b's sequence (same req_to_token row; no sliding window, whose
+// start differs per row), at most kMaxGroup.
+int64_t group_end(const Problem& p, int64_t batch, int64_t b) {
+  int64_t end = b + 1;
+  if (p.window > 0) return end;
+  while (end < batch && end - b < kMaxGroup && p.rows[end] == p.rows[b]) ++end;
+  return end;
+}
+
+// One item per group of rows, or several when the batch has too little parallel work for the
+// threads (few requests, long sequences). Row r's partial results, if its group is split,
+// take the slots [first_part[r], first_part[r + 1]), one per range.
 std::vector<Item> plan(const Problem& p, int64_t batch, int64_t threads,
                        std::vector<int64_t>& first_part) {
+  std::vector<std::pair<int64_t, int64_t>> groups;  // [begin, end) rows
   int64_t total = 0;
-  for (int64_t b = 0; b < batch; ++b) total += p.seq_lens[b] - first_key(p, b);
+  for (int64_t b = 0; b < batch;) {
+    const int64_t end = group_end(p, batch, b);
+    int64_t hi = 0;
+    for (int64_t r = b; r < end; ++r) hi = std::max(hi, p.seq_lens[r]);
+    total += hi - first_key(p, b);
+    groups.emplace_back(b, end);
+    b = end;
+  }
   const int64_t target = (total + 4 * threads - 1) / (4 * threads);
   const int64_t range = std::max(kMinRange, (target + kBlock - 1) / kBlock * kBlock);
   std::vector<Item> items;
   int64_t parts = 0;
   first_part.assign(batch + 1, 0);
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t lo = first_key(p, b), hi = p.seq_lens[b];
+  for (const auto& [b, end] : groups) {
+    int64_t hi = 0;
+    for (int64_t r = b; r < end; ++r) hi = std::max(hi, p.seq_lens[r]);
+    const int64_t lo = first_key(p, b);
     const int64_t pieces = std::max<int64_t>(1, (hi - lo + range - 1) / range);
     const int64_t step = ((hi - lo + pieces - 1) / pieces + kBlock - 1) / kBlock * kBlock;
-    first_part[b] = parts;
+    for (int64_t r = b; r < end; ++r) {
+      first_part[r] = parts;
+      if (pieces > 1) parts += pieces;
+    }
     for (int64_t i = 0; i < pieces; ++i) {
       const int64_t a = std::min(hi, lo + i * step), z = std::min(hi, lo + (i + 1) * step);
-      items.push_back({b, a, z, pieces == 1 ? -1 : parts++});
+      items.push_back({b, end - b, a, z, pieces == 1 ? -1 : i});
     }
   }
   first_part[batch] = parts;
@@ -248,12 +283,17 @@ void run(const Problem& p, int64_t batch) {
     for (int64_t task = begin; task < end; ++task) {
       for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) {
         const Item& it = items[i];
-        if (it.part < 0) {
-          attend_range<T, NV>(p, it, s.o.data(), s.lse.data(), s);
-          write_output<T>(p, it.b, s.o.data(), s.lse.data());
-        } else {
-          attend_range<T, NV>(p, it, part_o.data() + it.part * H * D,
-                              part_lse.data() + it.part * H, s);
+        attend_range<T, NV>(p, it, s);
+        for (int64_t r = 0; r < it.rows; ++r) {
+          const float* o = s.o.data() + r * H * D;
+          const float* lse = s.lse.data() + r * H;
+          if (it.piece < 0) {
+            write_output<T>(p, it.b + r, o, lse);
+          } else {
+            const int64_t slot = first_part[it.b + r] + it.piece;
+            std::copy(o, o + H * D, part_o.data() + slot * H * D);
+            std::copy(lse, lse + H, part_lse.data() + slot * H);
+          }
         }
       }
     }
