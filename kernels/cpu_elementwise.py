@@ -19,14 +19,15 @@ DTYPES = (torch.float32, torch.bfloat16)
 def applies(*tensors: torch.Tensor) -> bool:
     """Whether these tensors can go through the kernels: CPU, one of DTYPES, all the same dtype,
     no autograd, and the library built on this machine."""
+    # Called per op in every layer: plain attribute checks (`is_cpu`, not `device.type`).
     first = tensors[0]
-    return (
-        first.device.type == "cpu"
-        and first.dtype in DTYPES
-        and all(t.dtype == first.dtype and t.device.type == "cpu" for t in tensors)
-        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-        and cpu_kernels_available()
-    )
+    if not first.is_cpu or first.dtype not in DTYPES:
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t.dtype != first.dtype or not t.is_cpu or (grad and t.requires_grad):
+            return False
+    return cpu_kernels_available()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -33,10 +33,10 @@ using radixflow_cpu::load16;
 using radixflow_cpu::sum_lanes16;
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <limits>
-#include <utility>
 #include <vector>
 
 namespace {
@@ -233,14 +233,14 @@ int64_t group_end(const Problem& p, int64_t batch, int64_t b) {
 // take the slots [first_part[r], first_part[r + 1]), one per range.
 std::vector<Item> plan(const Problem& p, int64_t batch, int64_t threads,
                        std::vector<int64_t>& first_part) {
-  std::vector<std::pair<int64_t, int64_t>> groups;  // [begin, end) rows
+  std::vector<std::array<int64_t, 3>> groups;  // rows [begin, end), their longest seq_len
   int64_t total = 0;
   for (int64_t b = 0; b < batch;) {
     const int64_t end = group_end(p, batch, b);
     int64_t hi = 0;
     for (int64_t r = b; r < end; ++r) hi = std::max(hi, p.seq_lens[r]);
     total += hi - first_key(p, b);
-    groups.emplace_back(b, end);
+    groups.push_back({b, end, hi});
     b = end;
   }
   const int64_t target = (total + 4 * threads - 1) / (4 * threads);
@@ -248,9 +248,7 @@ std::vector<Item> plan(const Problem& p, int64_t batch, int64_t threads,
   std::vector<Item> items;
   int64_t parts = 0;
   first_part.assign(batch + 1, 0);
-  for (const auto& [b, end] : groups) {
-    int64_t hi = 0;
-    for (int64_t r = b; r < end; ++r) hi = std::max(hi, p.seq_lens[r]);
+  for (const auto& [b, end, hi] : groups) {
     const int64_t lo = first_key(p, b);
     const int64_t pieces = std::max<int64_t>(1, (hi - lo + range - 1) / range);
     const int64_t step = ((hi - lo + pieces - 1) / pieces + kBlock - 1) / kBlock * kBlock;

@@ -220,7 +220,7 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             x, residual = layer(x, residual, rotate, batch)
         rows = batch.logits_indices
-        x = self.norm(x.index_select(0, rows) + residual.index_select(0, rows))
+        x, _ = self.norm.add_forward(x.index_select(0, rows), residual.index_select(0, rows))
         return linear(x, self.output_weight).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
