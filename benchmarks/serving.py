@@ -6,10 +6,22 @@ With --compare-transformers the same load runs against `transformers serve` on t
 
     python benchmarks/serving.py --rates 1,2,4 --num-prompts 24
     python benchmarks/serving.py --soak --soak-seconds 120 --clients 200
+    python benchmarks/serving.py --soak --adversarial-share 0.2
+    python benchmarks/serving.py --soak --compare-adversarial --adversarial-share 0.2
 
 Soak mode: `--clients` concurrent streaming clients (mixed /generate and /v1/chat/completions),
 a share of which disconnect mid-stream, for a bounded time. It asserts zero 5xx responses,
-every KV page free afterwards (after /flush_cache) and resident memory flat.
+every KV page free afterwards (after /flush_cache) and resident memory flat, and reports the
+normal clients' end-to-end latency and TTFT (p50/p99).
+
+With --adversarial-share S, that share of the clients is adversarial: each cycles through
+pathological grammars (a huge integer range, nested and huge regex repeats, an ambiguous Lark
+grammar), prompts over the context and the KV pool, an 8 MB prompt, prompts x n over the
+per-call cap, malformed JSON, and disconnects before and during a stream. Those must get a 4xx
+or an abort finish reason (counted per kind), never a 5xx, and answer within
+--adversarial-timeout seconds (a timeout is a failure). --compare-adversarial runs the soak
+twice on the same server, without and then with the adversarial clients (same seed, same
+normal clients), and compares the normal clients' latency (target: p99 within 2x).
 
 Without --url the script starts `python -m radixflow serve` itself (and stops it).
 """
@@ -248,9 +260,26 @@ def _sample(text: str, name: str) -> float:
     raise KeyError(name)
 
 
+def _carries_text(data: str) -> bool:
+    """Whether an SSE payload (native or chat chunk) carries generated text; the chat stream
+    opens with an empty role-only delta, which is not a first token."""
+    if data == "[DONE]":
+        return False
+    try:
+        obj = json.loads(data)
+    except json.JSONDecodeError:
+        return False
+    if "text" in obj:
+        return bool(obj["text"])
+    choice = (obj.get("choices") or [{}])[0]
+    return bool((choice.get("delta") or {}).get("content") or choice.get("text"))
+
+
 async def soak_client(
     client: httpx.AsyncClient, rng: random.Random, deadline: float, stats: dict, p_drop: float
 ) -> None:
+    """A normal client: streams one request after another; records TTFT (first event with
+    text) for every stream and end-to-end latency for completed ones."""
     while time.monotonic() < deadline:
         prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 60)))
         max_tokens = rng.randint(1, 48)
@@ -270,29 +299,236 @@ async def soak_client(
                 "stream": True,
             }
         drop_after = rng.randint(0, 6) if rng.random() < p_drop else None
+        start = time.perf_counter()
         try:
             async with client.stream("POST", path, json=body) as r:
                 stats["status"][r.status_code] = stats["status"].get(r.status_code, 0) + 1
                 events = 0
+                first = False
                 async for line in r.aiter_lines():
                     if line.startswith("data: "):
                         events += 1
+                        if not first and _carries_text(line[6:]):
+                            first = True
+                            stats["ttft"].append(time.perf_counter() - start)
                         if drop_after is not None and events > drop_after:
                             stats["dropped"] += 1
                             break
                 else:
                     stats["completed"] += 1
+                    if r.status_code == 200:
+                        stats["e2e"].append(time.perf_counter() - start)
         except httpx.HTTPError as exc:
             stats["transport_errors"].append(repr(exc))
 
 
-async def soak_run(args: argparse.Namespace, url: str) -> tuple[dict, list[float]]:
-    """Run the clients until the deadline; sample resident memory four times meanwhile."""
-    stats: dict = {"status": {}, "dropped": 0, "completed": 0, "transport_errors": []}
-    deadline = time.monotonic() + args.soak_seconds
-    limits = httpx.Limits(
-        max_connections=args.clients + 8, max_keepalive_connections=args.clients + 8
+# -- adversarial clients --------------------------------------------------------------------
+HUGE_INT_SCHEMA = {"type": "integer", "minimum": 0, "maximum": 9007199254740991}
+AMBIGUOUS_LARK = 'start: x\nx: "a" | "b" | x x | x x x | x x x x'
+
+
+@dataclass
+class ServerShape:
+    """What the adversarial requests are sized from (read once from /server_info)."""
+
+    context_length: int
+    pool_tokens: int
+    vocab_size: int
+    big_text: str  # an 8 MB prompt
+
+
+def server_shape(url: str) -> ServerShape:
+    info = httpx.get(url + "/server_info", timeout=30).json()
+    words = " ".join(WORDS) + " "
+    big = (words * (8 * 2**20 // len(words) + 1))[: 8 * 2**20]
+    return ServerShape(
+        context_length=info["context_length"],
+        pool_tokens=info["kv_pages_total"] * info.get("page_size", 1),
+        vocab_size=info["vocab_size"],
+        big_text=big,
     )
+
+
+def _finish_type(out: object) -> str:
+    """The finish reason of a native or OpenAI answer (the first one of a batch)."""
+    if isinstance(out, list):
+        out = out[0] if out else {}
+    if not isinstance(out, dict):
+        return "?"
+    if "meta_info" in out:
+        reason = out["meta_info"].get("finish_reason") or {}
+        return reason.get("type", "?") if isinstance(reason, dict) else str(reason)
+    choices = out.get("choices") or [{}]
+    return str(choices[0].get("finish_reason"))
+
+
+def _answer(r: httpx.Response) -> tuple[int, str]:
+    finish = ""
+    if r.status_code == 200:
+        try:
+            finish = _finish_type(r.json())
+        except ValueError:
+            finish = "non-JSON"
+    return r.status_code, finish
+
+
+def _gen(params: dict, text: str = "Answer:") -> dict:
+    return {"text": text, "sampling_params": {"max_new_tokens": 16, **params}}
+
+
+async def adv_json_schema_huge_int(c: httpx.AsyncClient, shape: ServerShape, rng):
+    return _answer(
+        await c.post("/generate", json=_gen({"json_schema": json.dumps(HUGE_INT_SCHEMA)}))
+    )
+
+
+async def adv_regex_nested(c: httpx.AsyncClient, shape: ServerShape, rng):
+    return _answer(await c.post("/generate", json=_gen({"regex": "((a{0,40}){0,40}){0,40}"})))
+
+
+async def adv_regex_huge_repeat(c: httpx.AsyncClient, shape: ServerShape, rng):
+    return _answer(await c.post("/generate", json=_gen({"regex": "a{1000000}"})))
+
+
+async def adv_lark_ambiguous(c: httpx.AsyncClient, shape: ServerShape, rng):
+    return _answer(await c.post("/generate", json=_gen({"lark": AMBIGUOUS_LARK})))
+
+
+def _random_ids(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(2, vocab) for _ in range(n)]
+
+
+async def adv_prompt_over_context(c: httpx.AsyncClient, shape: ServerShape, rng):
+    ids = _random_ids(rng, shape.context_length + 1, shape.vocab_size)
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 4}}
+    return _answer(await c.post("/generate", json=body))
+
+
+async def adv_prompt_over_kv_pool(c: httpx.AsyncClient, shape: ServerShape, rng):
+    """More tokens than the whole KV pool holds (within the context when the pool is the
+    smaller): must be refused, not left waiting for pages that never come."""
+    body = {
+        "input_ids": _random_ids(rng, shape.pool_tokens + 1, shape.vocab_size),
+        "sampling_params": {"max_new_tokens": 4},
+    }
+    return _answer(await c.post("/generate", json=body))
+
+
+async def adv_prompt_8mb(c: httpx.AsyncClient, shape: ServerShape, rng):
+    body = {"model": "m", "prompt": shape.big_text, "max_tokens": 4}
+    return _answer(await c.post("/v1/completions", json=body))
+
+
+async def adv_n_over_cap(c: httpx.AsyncClient, shape: ServerShape, rng):
+    body = {"text": ["Hello there"] * 33, "sampling_params": {"max_new_tokens": 2, "n": 16}}
+    return _answer(await c.post("/generate", json=body))
+
+
+BAD_BODIES = [
+    b'{"text": "hi", "sampling_params": {',
+    b'{"text": "hi", "sampling_params": {"max_new_tokens": NaN}}',
+    b'{"model": "m", "prompt": "hi", "max_tokens": Infinity}',
+    b"\xff\xfe not json",
+]
+
+
+async def adv_bad_json(c: httpx.AsyncClient, shape: ServerShape, rng):
+    path = rng.choice(["/generate", "/v1/completions", "/v1/chat/completions"])
+    body = rng.choice(BAD_BODIES)
+    r = await c.post(path, content=body, headers={"content-type": "application/json"})
+    return _answer(r)
+
+
+async def adv_disconnect_mid_stream(c: httpx.AsyncClient, shape: ServerShape, rng):
+    body = _gen({"max_new_tokens": 256, "ignore_eos": True}) | {"stream": True}
+    async with c.stream("POST", "/generate", json=body) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                return r.status_code, "disconnected"
+        return r.status_code, "ended before any event"
+
+
+async def adv_disconnect_before_answer(c: httpx.AsyncClient, shape: ServerShape, rng):
+    body = {"model": "m", "prompt": "Tell me", "max_tokens": 256, "ignore_eos": True}
+    try:
+        await asyncio.wait_for(c.post("/v1/completions", json=body), timeout=rng.uniform(0.01, 0.3))
+    except TimeoutError:
+        return 0, "disconnected"
+    return 200, "answered first"
+
+
+ADVERSARIAL = {
+    "json_schema huge int range": adv_json_schema_huge_int,
+    "regex ((a{0,40}){0,40}){0,40}": adv_regex_nested,
+    "regex a{1000000}": adv_regex_huge_repeat,
+    "lark ambiguous x: x x | x x x": adv_lark_ambiguous,
+    "prompt over context": adv_prompt_over_context,
+    "prompt over KV pool": adv_prompt_over_kv_pool,
+    "8 MB prompt": adv_prompt_8mb,
+    "prompts x n over cap": adv_n_over_cap,
+    "bad JSON body": adv_bad_json,
+    "disconnect mid-stream": adv_disconnect_mid_stream,
+    "disconnect before answer": adv_disconnect_before_answer,
+}
+
+
+def _adv_entry() -> dict:
+    return {"requests": 0, "status": {}, "finish": {}, "timeouts": 0, "transport": [], "max_s": 0.0}
+
+
+async def adversarial_client(
+    client: httpx.AsyncClient,
+    index: int,
+    rng: random.Random,
+    deadline: float,
+    stats: dict,
+    shape: ServerShape,
+    bound: float,
+) -> None:
+    """Cycles through the adversarial kinds (each client starting at its own); every request
+    is bounded by `bound` seconds."""
+    kinds = list(ADVERSARIAL.items())
+    k = index
+    while time.monotonic() < deadline:
+        name, send = kinds[k % len(kinds)]
+        k += 1
+        entry = stats["adversarial"].setdefault(name, _adv_entry())
+        entry["requests"] += 1
+        start = time.perf_counter()
+        try:
+            status, finish = await asyncio.wait_for(send(client, shape, rng), timeout=bound)
+        except TimeoutError:
+            entry["timeouts"] += 1
+            continue
+        except httpx.HTTPError as exc:
+            entry["transport"].append(repr(exc))
+            continue
+        finally:
+            entry["max_s"] = max(entry["max_s"], time.perf_counter() - start)
+        entry["status"][status] = entry["status"].get(status, 0) + 1
+        if finish:
+            entry["finish"][finish] = entry["finish"].get(finish, 0) + 1
+
+
+def split_clients(args: argparse.Namespace) -> tuple[int, int]:
+    """(normal, adversarial) clients: --adversarial-share of --clients are adversarial."""
+    adversarial = round(args.clients * args.adversarial_share)
+    return args.clients - adversarial, adversarial
+
+
+async def soak_run(
+    args: argparse.Namespace, url: str, adversarial: int, shape: ServerShape | None
+) -> tuple[dict, list[float]]:
+    """Run the clients until the deadline; sample resident memory four times meanwhile. The
+    normal clients (and their seeds) are the same whatever `adversarial` is."""
+    normal, _ = split_clients(args)
+    stats: dict = {
+        "status": {}, "dropped": 0, "completed": 0, "transport_errors": [], "e2e": [],
+        "ttft": [], "adversarial": {},
+    }  # fmt: skip
+    deadline = time.monotonic() + args.soak_seconds
+    total = normal + adversarial
+    limits = httpx.Limits(max_connections=total + 8, max_keepalive_connections=total + 8)
     rss: list[float] = []
 
     async def sample_memory(client: httpx.AsyncClient) -> None:
@@ -306,18 +542,77 @@ async def soak_run(args: argparse.Namespace, url: str) -> tuple[dict, list[float
             )
 
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
-        rngs = [random.Random(args.seed * 1000 + i) for i in range(args.clients)]
+        rngs = [random.Random(args.seed * 1000 + i) for i in range(normal)]
+        bad = [random.Random(args.seed * 1000 + 500_000 + j) for j in range(adversarial)]
         await asyncio.gather(
             sample_memory(client),
             *(soak_client(client, rng, deadline, stats, args.drop_rate) for rng in rngs),
+            *(
+                adversarial_client(client, j, rng, deadline, stats, shape, args.adversarial_timeout)
+                for j, rng in enumerate(bad)
+            ),
         )
     return stats, rss
 
 
-def soak(args: argparse.Namespace, url: str) -> bool:
+@dataclass
+class SoakResult:
+    stats: dict
+    rss: list[float]
+    flushed: int
+    kv_used: int
+    growth: float
+
+    @property
+    def status(self) -> dict:
+        """Status codes of every request, normal and adversarial."""
+        out = dict(self.stats["status"])
+        for entry in self.stats["adversarial"].values():
+            for code, n in entry["status"].items():
+                out[code] = out.get(code, 0) + n
+        return out
+
+    @property
+    def five_xx(self) -> int:
+        return sum(n for code, n in self.status.items() if code >= 500)
+
+    @property
+    def adversarial_failures(self) -> int:
+        """Adversarial requests past the time bound or with a transport error."""
+        return sum(e["timeouts"] + len(e["transport"]) for e in self.stats["adversarial"].values())
+
+    def latency_ms(self, key: str, q: float) -> float:
+        return 1000 * _pct(self.stats[key], q)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.five_xx == 0
+            and self.flushed == 200
+            and self.kv_used == 0
+            and self.growth < 0.10
+            and not self.stats["transport_errors"]
+            and self.adversarial_failures == 0
+        )
+
+
+def soak_once(args: argparse.Namespace, url: str, adversarial: int) -> SoakResult:
+    """One soak run, then wait for the engine to drain, flush the cache and read the KV pages
+    still in use."""
+    shape = server_shape(url) if adversarial else None
     rss = [metric(url, "process_resident_memory_bytes")]
-    print(f"soak: {args.clients} clients for {args.soak_seconds:.0f}s, resident memory samples:")
-    stats, samples = asyncio.run(soak_run(args, url))
+    normal, _ = split_clients(args)
+    if shape is not None:
+        over_pool = "within" if shape.pool_tokens < shape.context_length else "past"
+        print(
+            f"adversarial prompts: context {shape.context_length} tokens, KV pool "
+            f"{shape.pool_tokens} tokens (the over-pool prompt is {over_pool} the context)"
+        )
+    print(
+        f"soak: {normal} clients + {adversarial} adversarial for {args.soak_seconds:.0f}s, "
+        "resident memory samples:"
+    )
+    stats, samples = asyncio.run(soak_run(args, url, adversarial, shape))
     rss += samples
     deadline = time.monotonic() + 120
     while metric(url, "radixflow_num_running_reqs") + metric(url, "radixflow_num_waiting_reqs") > 0:
@@ -325,32 +620,122 @@ def soak(args: argparse.Namespace, url: str) -> bool:
             break
         time.sleep(0.5)
     flushed = httpx.post(url + "/flush_cache", timeout=60).status_code
-    used = metric(url, "radixflow_kv_pages_used")
-    status = stats["status"]
-    five_xx = sum(n for code, n in status.items() if code >= 500)
-    transport = stats["transport_errors"]
+    used = int(metric(url, "radixflow_kv_pages_used"))
     # flat: after the first quarter (allocator and caches warm), growth stays under 10%
     growth = (max(rss[2:]) - rss[1]) / rss[1]
-    rows = [
-        ["requests", sum(status.values())],
+    return SoakResult(stats, rss, flushed, used, growth)
+
+
+def _ms(x: float) -> str:
+    return f"{x:.0f}"
+
+
+def soak_rows(res: SoakResult) -> list[list[object]]:
+    stats, rss = res.stats, res.rss
+    return [
+        ["requests (normal clients)", sum(stats["status"].values())],
         ["completed streams", stats["completed"]],
         ["disconnected mid-stream", stats["dropped"]],
-        ["status codes", json.dumps(status)],
-        ["5xx responses", five_xx],
-        ["transport errors", len(transport)],
-        ["flush_cache after", flushed],
-        ["KV pages in use after flush", int(used)],
+        ["status codes (all)", json.dumps(res.status)],
+        ["5xx responses", res.five_xx],
+        ["transport errors (normal)", len(stats["transport_errors"])],
+        ["normal e2e p50 / p99 ms", f"{_ms(res.latency_ms('e2e', 50))} / {_ms(res.latency_ms('e2e', 99))}"],
+        ["normal TTFT p50 / p99 ms", f"{_ms(res.latency_ms('ttft', 50))} / {_ms(res.latency_ms('ttft', 99))}"],
+        ["adversarial requests", sum(e["requests"] for e in stats["adversarial"].values())],
+        ["adversarial timeouts + transport errors", res.adversarial_failures],
+        ["flush_cache after", res.flushed],
+        ["KV pages in use after flush", res.kv_used],
         [
             "RSS start / after 1st quarter / end MiB",
             " / ".join(f"{x / 2**20:.0f}" for x in (rss[0], rss[1], rss[-1])),
         ],
-        ["RSS growth after 1st quarter", f"{100 * growth:.1f}%"],
-    ]
-    print_table(["soak", "value"], rows)
-    if transport:
-        print("first transport errors:", transport[:3])
-    ok = five_xx == 0 and flushed == 200 and used == 0 and growth < 0.10 and not transport
-    print("SOAK", "PASSED" if ok else "FAILED")
+        ["RSS growth after 1st quarter", f"{100 * res.growth:.1f}%"],
+    ]  # fmt: skip
+
+
+def print_adversarial(res: SoakResult, bound: float) -> None:
+    """Per kind: requests, status codes, finish reasons (of 200s), failures."""
+    rows = []
+    for name, e in res.stats["adversarial"].items():
+        five = sum(n for code, n in e["status"].items() if code >= 500)
+        rows.append([
+            name, e["requests"], json.dumps(dict(sorted(e["status"].items()))),
+            json.dumps(e["finish"]) if e["finish"] else "", five, e["timeouts"],
+            len(e["transport"]), f"{e['max_s']:.1f}",
+        ])  # fmt: skip
+    print(f"adversarial requests (bound {bound:g}s; 0 = the client hung up on purpose):")
+    print_table(
+        ["kind", "requests", "status codes", "finish", "5xx", "timeouts", "transport", "max s"],
+        rows,
+    )
+    for name, e in res.stats["adversarial"].items():
+        if e["transport"]:
+            print(f"  {name}: first transport errors: {e['transport'][:2]}")
+
+
+def soak(args: argparse.Namespace, url: str) -> bool:
+    res = soak_once(args, url, split_clients(args)[1])
+    print_table(["soak", "value"], soak_rows(res))
+    if res.stats["transport_errors"]:
+        print("first transport errors:", res.stats["transport_errors"][:3])
+    if res.stats["adversarial"]:
+        print_adversarial(res, args.adversarial_timeout)
+    print("SOAK", "PASSED" if res.ok else "FAILED")
+    return res.ok
+
+
+def compare_adversarial(args: argparse.Namespace, url: str) -> bool:
+    """The soak without, then with, the adversarial clients: same server, seed and normal
+    clients; the normal clients' latency side by side."""
+    if not args.adversarial_share:
+        args.adversarial_share = 0.2
+    normal, adversarial = split_clients(args)
+    runs = {}
+    for label, n_adv in (("without", 0), ("with", adversarial)):
+        print(f"== soak {label} adversarial clients ==")
+        runs[label] = soak_once(args, url, n_adv)
+    base, adv = runs["without"], runs["with"]
+
+    def ratio(key: str, q: float) -> str:
+        a, b = base.latency_ms(key, q), adv.latency_ms(key, q)
+        return f"{b / a:.2f}x" if a > 0 else "n/a"
+
+    rows = []
+    for label, key, q in (
+        ("normal e2e p50 ms", "e2e", 50),
+        ("normal e2e p99 ms", "e2e", 99),
+        ("normal TTFT p50 ms", "ttft", 50),
+        ("normal TTFT p99 ms", "ttft", 99),
+    ):
+        rows.append(
+            [label, _ms(base.latency_ms(key, q)), _ms(adv.latency_ms(key, q)), ratio(key, q)]
+        )
+    rows += [
+        ["normal requests", sum(base.stats["status"].values()), sum(adv.stats["status"].values()), ""],
+        ["normal completed streams", base.stats["completed"], adv.stats["completed"], ""],
+        ["adversarial requests", 0, sum(e["requests"] for e in adv.stats["adversarial"].values()), ""],
+        ["5xx responses", base.five_xx, adv.five_xx, ""],
+        ["transport errors (normal)", len(base.stats["transport_errors"]), len(adv.stats["transport_errors"]), ""],
+        ["adversarial timeouts + transport errors", 0, adv.adversarial_failures, ""],
+        ["KV pages in use after flush", base.kv_used, adv.kv_used, ""],
+        ["RSS growth after 1st quarter", f"{100 * base.growth:.1f}%", f"{100 * adv.growth:.1f}%", ""],
+    ]  # fmt: skip
+    print()
+    print(
+        f"{normal} normal clients (seed {args.seed}), {adversarial} adversarial clients "
+        f"({args.adversarial_share:g} of {args.clients}), {args.soak_seconds:.0f}s per run"
+    )
+    print_table(["soak", "without adversarial", "with adversarial", "ratio"], rows)
+    print_adversarial(adv, args.adversarial_timeout)
+    for label, res in runs.items():
+        if res.stats["transport_errors"]:
+            print(f"first transport errors ({label}):", res.stats["transport_errors"][:3])
+    p99_ratio = adv.latency_ms("e2e", 99) / base.latency_ms("e2e", 99)
+    within = p99_ratio <= 2.0
+    print(f"normal p99 latency with/without adversarial: {p99_ratio:.2f}x (target <= 2x: "
+          f"{'met' if within else 'MISSED'})")  # fmt: skip
+    ok = base.ok and adv.ok and within
+    print("SOAK COMPARISON", "PASSED" if ok else "FAILED")
     return ok
 
 
@@ -378,6 +763,19 @@ def main() -> int:
     parser.add_argument(
         "--drop-rate", type=float, default=0.3, help="share of clients that disconnect"
     )
+    parser.add_argument(
+        "--adversarial-share", type=float, default=0.0,
+        help="share of the soak clients that send adversarial requests (e.g. 0.2)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--adversarial-timeout", type=float, default=60.0,
+        help="seconds an adversarial request may take before it counts as hung",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compare-adversarial", action="store_true",
+        help="soak twice, without and with the adversarial share (default 0.2), and compare "
+        "the normal clients' latencies",
+    )  # fmt: skip
     args = parser.parse_args()
 
     launched: list[Launched] = []
@@ -386,6 +784,8 @@ def main() -> int:
         if url is None:
             launched.append(launch_radixflow(args.port, args.server_args.split()))
             url = launched[-1].url
+        if args.compare_adversarial:
+            return 0 if compare_adversarial(args, url) else 1
         if args.soak:
             return 0 if soak(args, url) else 1
         info = httpx.get(url + "/get_model_info", timeout=30).json()

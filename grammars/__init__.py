@@ -7,6 +7,7 @@ bitmask = allocate_token_bitmask(batch, compiler.vocab_size)
 m.fill_mask(bitmask[i]); ...; m.accept(token_id)
 """
 
+from .budget import GrammarBudgetExceeded, GrammarLimits
 from .compiler import GrammarCompiler
 from .masks import allocate_token_bitmask
 from .matcher import CompiledGrammar, GrammarMatcher
@@ -15,7 +16,9 @@ from .nfa import CompileTimeout
 __all__ = [
     "CompileTimeout",
     "CompiledGrammar",
+    "GrammarBudgetExceeded",
     "GrammarCompiler",
+    "GrammarLimits",
     "GrammarMatcher",
     "allocate_token_bitmask",
 ]

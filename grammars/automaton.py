@@ -2,7 +2,8 @@
 
 An automaton has int states (-1 = dead), an `initial` state, `row(s)` (int32[256] successors,
 computed on first use) and `is_accepting(s)`. States are immutable facts about the remaining
-language, so masks and forced text are cached per state.
+language, so masks and forced text are cached per state. What it builds lazily counts against
+its `budget` (see `budget`), which the compiled grammar binds to its limits.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from typing import Protocol
 
 import numpy as np
 
-from .nfa import NFA, Deadline, LazyDFA
+from .budget import GrammarBudget
+from .nfa import NFA, Deadline, LazyDFA, nfa_nbytes
 
 
 class ByteAutomaton(Protocol):
     initial: int
     lock: threading.RLock
+    budget: GrammarBudget
 
     def row(self, state: int) -> np.ndarray: ...
 
@@ -33,7 +36,9 @@ class RegexAutomaton:
         nfa.tags[final] = 0
         start = nfa.add(ir, final)
         self._final = final
-        self.dfa = LazyDFA(nfa)
+        self.budget = GrammarBudget()
+        self.budget.charge(nfa_nbytes(nfa))
+        self.dfa = LazyDFA(nfa, self.budget)
         self.initial = self.dfa.intern([start])
         if self.initial < 0:
             raise ValueError("the grammar matches no text")

@@ -11,19 +11,27 @@ may scan it, which starts a fresh lexeme restricted to the terminals the new Ear
 expects. Sets are interned to ints, so the trie walk in `masks` works unchanged, and rows
 are built lazily like the regex DFA's.
 
-    Earley set: items (rule, dot, origin set); `waiting[symbol]` -> items before that symbol
+    Earley set: items (rule, dot, origin set); `waiting[symbol]` -> the items that wait for
+                that symbol, with the dot already moved past it (what a scan or completion adds)
     root --scan(t1)--> set1 --scan(t2)--> set2 ...   (each scan cached on the set)
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .nfa import NFA, Deadline, LazyDFA
+from .budget import GrammarBudget
+from .nfa import NFA, Deadline, LazyDFA, nfa_nbytes
 from .regex_ir import Alt, Chars, Ref, Repeat, Seq
+from .states import DICT_ENTRY_BYTES, StateRows
+
+_ITEM_BYTES = sys.getsizeof((0, 0, None)) + 8  # an item tuple and its list slot
+_SET_BYTES = 4 * DICT_ENTRY_BYTES  # an EarleySet, its dicts and its interning key
+_CHECK_EVERY = 4096  # agenda items between clock checks in a closure
 
 
 @dataclass
@@ -63,8 +71,9 @@ def _has_ref(node, memo: dict) -> bool:
 
 
 class _EbnfLowering:
-    def __init__(self, bnf: BNF):
+    def __init__(self, bnf: BNF, deadline: Deadline):
         self.bnf = bnf
+        self.deadline = deadline
         self.memo: dict = {}
         self.symbols: dict[int, object] = {}
         self.keep: list = []
@@ -117,6 +126,7 @@ class _EbnfLowering:
         return tuple(out)
 
     def alternatives(self, node) -> list[tuple]:
+        self.deadline.check()
         if isinstance(node, Alt):
             return [self.sequence([i]) for i in node.items]
         if isinstance(node, Seq):
@@ -127,14 +137,25 @@ class _EbnfLowering:
                 loop = self.fresh()
                 self.bnf.rules += [(loop, ()), (loop, (loop, item))]
                 return [(item,) * node.lo + (loop,)]
-            return [(item,) * n for n in range(node.lo, node.hi + 1)]
+            return [(item,) * node.lo + self.optional_chain(item, node.hi - node.lo)]
         return [(self.symbol(node),)]
 
+    def optional_chain(self, item: object, n: int) -> tuple:
+        """Up to n more `item`s as right-linear rules, each one item and the rest optional
+        (linear in n, where one alternative per count would be quadratic)."""
+        rest: tuple = ()
+        for _ in range(n):
+            self.deadline.check()
+            name = self.fresh()
+            self.bnf.rules += [(name, ()), (name, (item, *rest))]
+            rest = (name,)
+        return rest
 
-def bnf_from_ebnf(defs: dict, start: str) -> BNF:
+
+def bnf_from_ebnf(defs: dict, start: str, deadline: Deadline | None = None) -> BNF:
     """Lower {name: IR with Refs} to BNF; maximal Ref-free subtrees become terminals."""
     bnf = BNF(start=start)
-    low = _EbnfLowering(bnf)
+    low = _EbnfLowering(bnf, deadline or Deadline(None))
     for name, node in defs.items():
         for syms in low.alternatives(node) if _has_ref(node, low.memo) else [(low.symbol(node),)]:
             bnf.rules.append((name, syms))
@@ -154,9 +175,13 @@ class EarleySet:
 
 
 class EarleyParser:
-    """Rules as ints: terminals 0..T-1, nonterminals T.. ; rule 0 is `S' -> start`."""
+    """Rules as ints: terminals 0..T-1, nonterminals T.. ; rule 0 is `S' -> start`.
 
-    def __init__(self, bnf: BNF, num_terminals: int, deadline: Deadline):
+    The chart (every interned set) counts against `budget`: items per set, items in all
+    sets, their bytes, and the clock while a closure runs.
+    """
+
+    def __init__(self, bnf: BNF, num_terminals: int, deadline: Deadline, budget: GrammarBudget):
         names = list(dict.fromkeys([bnf.start] + [lhs for lhs, _ in bnf.rules]))
         nt = {n: num_terminals + i for i, n in enumerate(names)}
         for _lhs, syms in bnf.rules:
@@ -174,6 +199,8 @@ class EarleyParser:
         for i, (lhs, _) in enumerate(self.rules):
             self.by_lhs.setdefault(lhs, []).append(i)
         self.nullable = self._nullable()
+        self.budget = budget
+        self.chart_items = 0  # items kept by the interned sets
         self._interned: dict[frozenset, EarleySet] = {}
         self.root = self._closure([(0, 0, None)])
 
@@ -207,22 +234,31 @@ class EarleyParser:
         got = self._interned.get(key)
         if got is not None:
             return got
-        node = self._interned[key] = EarleySet()
+        node = EarleySet()
         seen: set[tuple] = set()
+        completed: set[tuple] = set()  # (lhs, origin) pairs already completed
         agenda = [(r, d, node if o is None else o) for r, d, o in seeds]
         rules, by_lhs, nullable, T = self.rules, self.by_lhs, self.nullable, self.T
+        budget = self.budget
+        max_items = budget.limit("max_earley_items")
         waiting = node.waiting
         expected = set()
+        popped = 0
         while agenda:
             item = agenda.pop()
+            popped += 1
+            if popped % _CHECK_EVERY == 0:
+                budget.check_time()
             if item in seen:
                 continue
             seen.add(item)
+            if len(seen) > max_items:
+                budget.check("max_earley_items", len(seen), "items in one Earley set")
             r, d, origin = item
             rhs = rules[r][1]
             if d < len(rhs):
                 sym = rhs[d]
-                waiting.setdefault(sym, []).append(item)
+                waiting.setdefault(sym, []).append((r, d + 1, origin))
                 if sym < T:
                     expected.add(sym)
                 else:
@@ -231,18 +267,29 @@ class EarleyParser:
                         agenda.append((r, d + 1, origin))
             elif r == 0:
                 node.accepting = True
-            elif origin is not node:
+            elif origin is not node and (rules[r][0], origin) not in completed:
+                # Every rule of lhs completed from `origin` advances the same items there.
                 lhs = rules[r][0]
-                agenda.extend((r2, d2 + 1, o2) for r2, d2, o2 in origin.waiting.get(lhs, ()))
+                completed.add((lhs, origin))
+                agenda.extend(origin.waiting.get(lhs, ()))
         node.expected = frozenset(expected)
+        self._keep(key, node)
         return node
+
+    def _keep(self, key: frozenset, node: EarleySet) -> None:
+        """Intern a finished set, within the chart's budget."""
+        items = sum(map(len, node.waiting.values()))
+        self.budget.check("max_chart_items", self.chart_items + items, "items in the Earley chart")
+        self.budget.charge(items * _ITEM_BYTES + len(key) * _ITEM_BYTES + _SET_BYTES)
+        self.chart_items += items
+        self._interned[key] = node
 
     def scan(self, node: EarleySet, terminal: int) -> EarleySet | None:
         """The Earley set after `terminal`, or None when the parser cannot take it."""
         if terminal in node.next:
             return node.next[terminal]
         items = node.waiting.get(terminal)
-        nxt = self._closure([(r, d + 1, o) for r, d, o in items]) if items else None
+        nxt = self._closure(items) if items else None
         if nxt is not None and not nxt.expected and not nxt.accepting:
             nxt = None
         node.next[terminal] = nxt
@@ -250,7 +297,8 @@ class EarleyParser:
 
 
 class GrammarAutomaton:
-    """Lazy byte automaton of a BNF grammar (see module docstring)."""
+    """Lazy byte automaton of a BNF grammar (see module docstring); its lexer DFA, parser
+    chart and states count against one budget."""
 
     def __init__(self, bnf: BNF, deadline: Deadline | None = None):
         deadline = deadline or Deadline(None)
@@ -260,15 +308,15 @@ class GrammarAutomaton:
             final = nfa.new_state()
             nfa.tags[final] = t
             self._starts.append(nfa.add(node, final))
-        self.lexer = LazyDFA(nfa)
-        self.parser = EarleyParser(bnf, len(bnf.terminals), deadline)
+        self.budget = GrammarBudget()
+        self.budget.charge(nfa_nbytes(nfa))
+        self.lexer = LazyDFA(nfa, self.budget)
+        self.parser = EarleyParser(bnf, len(bnf.terminals), deadline, self.budget)
         self.ignore = frozenset(bnf.ignore)
         self._lex_start: dict[frozenset, int] = {}
         self._expand: dict[tuple, frozenset] = {}
-        self.sets: list[frozenset] = []
-        self._ids: dict[frozenset, int] = {}
-        self.table = np.full((16, 256), -1, dtype=np.int32)
-        self.done = np.zeros(16, dtype=bool)
+        self.states = StateRows(self.budget, "parser positions")
+        self.sets = self.states.sets
         self.lock = threading.RLock()
         self.initial = self._intern(self._fresh(self.parser.root))
         if self.initial < 0:
@@ -288,17 +336,7 @@ class GrammarAutomaton:
         return frozenset([(node, lex, True)])
 
     def _intern(self, elems: frozenset) -> int:
-        if not elems:
-            return -1
-        got = self._ids.get(elems)
-        if got is None:
-            got = self._ids[elems] = len(self.sets)
-            self.sets.append(elems)
-            if got >= self.table.shape[0]:
-                grow = self.table.shape[0]
-                self.table = np.vstack([self.table, np.full((grow, 256), -1, dtype=np.int32)])
-                self.done = np.concatenate([self.done, np.zeros(grow, dtype=bool)])
-        return got
+        return self.states.intern(elems) if elems else -1
 
     def _successors(self, node: EarleySet, lex: int) -> frozenset:
         """Elements after the lexer reached `lex` (live) from `node`'s lexeme start."""
@@ -313,10 +351,12 @@ class GrammarAutomaton:
                     nxt = self.parser.scan(node, t)
                     if nxt is not None:
                         out |= self._fresh(nxt)
-            got = self._expand[key] = frozenset(out)
+            got = frozenset(out)
+            self.budget.charge(sys.getsizeof(got) + len(out) * _ITEM_BYTES + DICT_ENTRY_BYTES)
+            self._expand[key] = got
         return got
 
-    def _compute_row(self, state: int) -> None:
+    def _compute_row(self, state: int) -> np.ndarray:
         codes, succ_sets = [], []
         for node, lex, _ in self.sets[state]:
             if lex < 0:
@@ -333,13 +373,10 @@ class GrammarAutomaton:
             for k in range(cols.shape[1]):
                 elems = frozenset().union(*(succ_sets[c] for c in cols[:, k].tolist() if c >= 0))
                 out[inverse.reshape(-1) == k] = self._intern(elems)
-        self.table[state] = out  # after interning: interning may have reallocated the table
-        self.done[state] = True
+        return out
 
     def row(self, state: int) -> np.ndarray:
-        if not self.done[state]:
-            self._compute_row(state)
-        return self.table[state]
+        return self.states.row(state, self._compute_row)
 
     def is_accepting(self, state: int) -> bool:
         return any(fresh and node.accepting for node, _lex, fresh in self.sets[state])

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 
-from .automaton import RegexAutomaton
+from .automaton import ByteAutomaton, RegexAutomaton
+from .budget import GrammarLimits
 from .cfg import GrammarAutomaton, bnf_from_ebnf
 from .gbnf import gbnf_to_lark
 from .json_schema import schema_to_ir
@@ -17,13 +21,21 @@ from .nfa import Deadline
 from .regex_ir import Alt, literal, parse_regex
 from .tokenizer_index import get_tokenizer_index
 
+Build = Callable[[Deadline], ByteAutomaton]  # makes a source's automaton within a deadline
+
 
 class GrammarCompiler:
     """Compile regexes, JSON Schemas, Lark/GBNF grammars and choice lists for one tokenizer.
 
     `vocab_size` is the model's vocabulary (its embedding rows), which may exceed the
     tokenizer's length; ids past the tokenizer are never allowed. `compile_timeout` bounds
-    each compilation in seconds (`CompileTimeout` is raised past it).
+    each compilation in seconds (`CompileTimeout` is raised past it); `limits` bound what each
+    compiled grammar builds as it is used. Compiled grammars are cached by source, least
+    recently used first out once their bytes (which grow with use) pass `cache_mb`.
+
+    Malformed sources, sources past a size limit and compilations past the time limit all
+    raise ValueError (`CompileTimeout` is one) naming the problem or the limit. Lark `%import`
+    reads lark's bundled grammars and `.lark` files under `import_paths`, nothing else.
     """
 
     def __init__(
@@ -32,49 +44,128 @@ class GrammarCompiler:
         vocab_size: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
         compile_timeout: float = 10.0,
-        cache_size: int = 256,
+        limits: GrammarLimits | None = None,
+        cache_mb: float = 512.0,
+        import_paths: Sequence[str] = (),
     ):
         self.index = get_tokenizer_index(tokenizer, vocab_size, eos_token_ids)
         self.compile_timeout = compile_timeout
-        self._cache: dict[tuple[str, str], CompiledGrammar] = {}
-        self._cache_size = cache_size
+        self.import_paths = tuple(import_paths)
+        self.limits = limits or GrammarLimits()
+        self._cache: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
+        self._cache_bytes = cache_mb * 2**20
         self._lock = threading.Lock()
 
     @property
     def vocab_size(self) -> int:
         return self.index.vocab_size
 
+    @property
+    def cache_nbytes(self) -> int:
+        """Bytes the cached grammars hold now."""
+        with self._lock:
+            return sum(g.nbytes for g in self._cache.values())
+
+    @property
+    def cache_len(self) -> int:
+        """Number of cached grammars."""
+        return len(self._cache)
+
+    def clear_cache(self) -> None:
+        """Forget every cached grammar (matchers keep theirs alive while they are used)."""
+        with self._lock:
+            self._cache.clear()
+
     def _cached(self, kind: str, source: str, build: Callable) -> CompiledGrammar:
         key = (kind, source)
         with self._lock:
             got = self._cache.get(key)
-        if got is not None:
-            return got
+            if got is not None:
+                self._cache.move_to_end(key)
+                self._shrink()  # cached grammars grow as requests use them
+                return got
         automaton = build(Deadline(self.compile_timeout))
-        got = CompiledGrammar(self.index, automaton, kind, source)
+        got = CompiledGrammar(self.index, automaton, kind, source, self.limits)
         with self._lock:
-            if len(self._cache) >= self._cache_size:
-                self._cache.pop(next(iter(self._cache)))
-            return self._cache.setdefault(key, got)
+            got = self._cache.setdefault(key, got)
+            self._cache.move_to_end(key)
+            self._shrink()
+            return got
+
+    def _shrink(self) -> None:
+        """Drop least recently used grammars until the rest fit in the cache's bytes."""
+        total = sum(g.nbytes for g in self._cache.values())
+        while total > self._cache_bytes:
+            total -= self._cache.popitem(last=False)[1].nbytes
 
     def compile_regex(self, pattern: str) -> CompiledGrammar:
         """Text that `re.fullmatch(pattern, text)` accepts."""
-        if not isinstance(pattern, str):
-            raise ValueError(f"regex must be a string, got {type(pattern).__name__}")
-        return self._cached("regex", pattern, lambda d: RegexAutomaton(parse_regex(pattern), d))
+        return self.compile("regex", pattern)
 
     def compile_choices(self, strings: Sequence[str]) -> CompiledGrammar:
         """Exactly one of `strings`."""
-        items = list(strings)
-        if not items or not all(isinstance(s, str) for s in items):
-            raise ValueError("choices must be a non-empty list of strings")
-        ir = Alt(tuple(literal(s) for s in items))
-        return self._cached("choices", json.dumps(items), lambda d: RegexAutomaton(ir, d))
+        return self.compile("choices", strings)
 
     def compile_json_schema(
         self, schema: dict | str | bool, whitespace_pattern: str | None = None
     ) -> CompiledGrammar:
         """JSON text valid under `schema` (see `radixflow.grammars.json_schema` for the form)."""
+        return self.compile("json_schema", schema, whitespace_pattern)
+
+    def compile_lark(self, text: str) -> CompiledGrammar:
+        """A Lark grammar (start rule `start`, `%ignore` honoured, terminals as regexes)."""
+        return self.compile("lark", text)
+
+    def compile_ebnf(self, text: str) -> CompiledGrammar:
+        """A GBNF grammar as llama.cpp writes it (start rule `root`)."""
+        return self.compile("ebnf", text)
+
+    def compile(self, kind: str, source, *options) -> CompiledGrammar:
+        """`source` as `kind`: regex, choices, json_schema (+ whitespace_pattern), lark, ebnf."""
+        with _input_errors(kind):
+            return self._cached(kind, *self._plan(kind, source, *options))
+
+    def cache_key(self, kind: str, source, *options) -> tuple[str, str]:
+        """The key `compile` caches `source` under; ValueError if the source is malformed."""
+        with _input_errors(kind):
+            return kind, self._plan(kind, source, *options)[0]
+
+    def lookup(self, key: tuple[str, str]) -> CompiledGrammar | None:
+        """The cached grammar under `key` (see `cache_key`), or None; never compiles."""
+        with self._lock:
+            got = self._cache.get(key)
+            if got is not None:
+                self._cache.move_to_end(key)
+            return got
+
+    def _plan(self, kind: str, source, *options) -> tuple[str, Build]:
+        """(cache key, build function) for a source; ValueError if it is malformed."""
+        plans = {
+            "regex": self._plan_regex,
+            "choices": self._plan_choices,
+            "json_schema": self._plan_json_schema,
+            "lark": self._plan_lark,
+            "ebnf": self._plan_ebnf,
+        }
+        if kind not in plans:
+            raise ValueError(f"unknown grammar kind {kind!r} (known: {', '.join(plans)})")
+        return plans[kind](source, *options)
+
+    def _plan_regex(self, pattern: str) -> tuple[str, Build]:
+        if not isinstance(pattern, str):
+            raise ValueError(f"regex must be a string, got {type(pattern).__name__}")
+        return pattern, lambda d: RegexAutomaton(parse_regex(pattern), d)
+
+    def _plan_choices(self, strings: Sequence[str]) -> tuple[str, Build]:
+        items = list(strings)
+        if not items or not all(isinstance(s, str) for s in items):
+            raise ValueError("choices must be a non-empty list of strings")
+        ir = Alt(tuple(literal(s) for s in items))
+        return json.dumps(items), lambda d: RegexAutomaton(ir, d)
+
+    def _plan_json_schema(
+        self, schema: dict | str | bool, whitespace_pattern: str | None = None
+    ) -> tuple[str, Build]:
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
@@ -85,27 +176,39 @@ class GrammarCompiler:
                 re.compile(whitespace_pattern)
             except re.error as exc:
                 raise ValueError(f"invalid whitespace_pattern: {exc}") from None
-        source = json.dumps([schema, whitespace_pattern])
 
-        def build(deadline: Deadline):
+        def build(deadline: Deadline) -> ByteAutomaton:
             ir, defs = schema_to_ir(schema, whitespace_pattern, deadline)
             if not defs:
                 return RegexAutomaton(ir, deadline)
             defs = {"start": ir, **defs}
-            return GrammarAutomaton(bnf_from_ebnf(defs, "start"), deadline)
+            return GrammarAutomaton(bnf_from_ebnf(defs, "start", deadline), deadline)
 
-        return self._cached("json_schema", source, build)
+        return json.dumps([schema, whitespace_pattern]), build
 
-    def compile_lark(self, text: str) -> CompiledGrammar:
-        """A Lark grammar (start rule `start`, `%ignore` honoured, terminals as regexes)."""
+    def _plan_lark(self, text: str) -> tuple[str, Build]:
         if not isinstance(text, str):
             raise ValueError("grammar must be a string")
-        return self._cached("lark", text, lambda d: GrammarAutomaton(lark_to_bnf(text), d))
+        return text, lambda d: GrammarAutomaton(lark_to_bnf(text, d, self.import_paths), d)
 
-    def compile_ebnf(self, text: str) -> CompiledGrammar:
-        """A GBNF grammar as llama.cpp writes it (start rule `root`)."""
+    def _plan_ebnf(self, text: str) -> tuple[str, Build]:
         if not isinstance(text, str):
             raise ValueError("grammar must be a string")
-        return self._cached(
-            "ebnf", text, lambda d: GrammarAutomaton(lark_to_bnf(gbnf_to_lark(text)), d)
-        )
+        return text, lambda d: GrammarAutomaton(lark_to_bnf(gbnf_to_lark(text), d), d)
+
+
+@contextlib.contextmanager
+def _input_errors(kind: str) -> Iterator[None]:
+    """Turn what malformed input makes Python raise into ValueErrors that say so."""
+    try:
+        yield
+    except RecursionError:
+        raise ValueError(
+            f"{kind} is nested too deeply to compile (Python's recursion limit of "
+            f"{sys.getrecursionlimit()} frames)"
+        ) from None
+    except (TypeError, AttributeError, KeyError, IndexError) as exc:
+        if kind != "json_schema":
+            raise
+        # a keyword whose value has the wrong JSON type, e.g. "required": 5
+        raise ValueError(f"malformed JSON schema ({type(exc).__name__}: {exc})") from None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .automaton import RegexAutomaton
-from .nfa import Deadline
+from .nfa import CompileTimeout, Deadline
 
 
 def check_disjoint(branches: list, where: str, deadline: Deadline) -> None:
@@ -19,6 +19,8 @@ def check_disjoint(branches: list, where: str, deadline: Deadline) -> None:
     for i, branch in enumerate(branches):
         try:
             auto = RegexAutomaton(branch, deadline)
+        except CompileTimeout:
+            raise
         except ValueError as exc:
             if "matches no text" in str(exc):
                 continue

@@ -2,12 +2,14 @@
 
 Rules `name ::= ...` become Lark rules (`root` is the start rule), string literals and
 character classes become regex terminals, `.` any character, and `{m,n}` repeats Lark's
-`~ m..n`.
+`~ m..n`. Texts longer than `lark_import.MAX_GRAMMAR_CHARS` are refused.
 """
 
 from __future__ import annotations
 
 import re
+
+from .lark_import import check_length
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]+")
 _RULE_START = re.compile(r"[a-zA-Z0-9_-]+\s*::=")
@@ -196,4 +198,5 @@ def _repeat(atom: str, lo: int, hi: int | None) -> str:
 
 def gbnf_to_lark(text: str) -> str:
     """Lark grammar text equivalent to a GBNF grammar."""
+    check_length(text)
     return _Parser(text).grammar()

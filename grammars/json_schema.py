@@ -9,7 +9,9 @@ Generated form (what a model is made to write):
 - strings use the shortest JSON escapes (`\\"`, `\\\\`, `\\n`, `\\u001f`, ...) and never
   `\\uXXXX` for characters that need no escape inside constrained keys;
 - integers without fraction or exponent; numbers with a fraction and exponent allowed, except
-  that bounded numbers use no exponent (bounds must be integer-valued);
+  that bounded numbers use no exponent (bounds must be integer-valued); bounds must be finite
+  numbers of at most `MAX_BOUND_DIGITS` digits (any finite double), and the range becomes a
+  regex of size quadratic in the digits at most (`uint_range_regex`);
 - values the schema leaves free (`{}`, `true`, extra properties, items without a schema) are any
   JSON value nested at most `ANY_VALUE_DEPTH` arrays/objects deep, so the language stays regular;
 - `enum`/`const` values are written compactly.
@@ -39,14 +41,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import urllib.parse
 
 from .disjoint import check_disjoint
-from .json_schema_disjoint import DisjointProver, json_equal
+from .json_schema_disjoint import DisjointProver, json_common
 from .json_schema_objects import DEPENDENCY_KEYS, ObjectConverter
-from .nfa import Deadline
-from .regex_algebra import NEVER, combine, restrict_length
+from .nfa import CompileTimeout, Deadline
+from .regex_algebra import NEVER, combine, restrict_length, search
 from .regex_algebra import exclude_words as exclude_words_from
 from .regex_ir import (
     EMPTY,
@@ -71,6 +72,7 @@ from .regex_ir import (
 )
 
 ANY_VALUE_DEPTH = 3
+MAX_BOUND_DIGITS = 309  # digits of the largest finite double
 
 _HANDLED = {
     "type", "properties", "required", "additionalProperties", "enum", "const", "anyOf", "oneOf",
@@ -87,6 +89,8 @@ UNSUPPORTED = {
     "disallow", "divisibleBy",
 }  # fmt: skip
 _TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
 
 _HEX = chars("0-9a-fA-F")
 _SPECIAL = normalize([(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])
@@ -151,41 +155,87 @@ def _compact(value) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def _digits_range(lo: str, hi: str) -> str:
-    """Regex for decimal strings of equal length between lo and hi (inclusive)."""
-    if not lo:
-        return ""
-    if lo[0] == hi[0]:
-        return lo[0] + _digits_range(lo[1:], hi[1:])
-    n = len(lo) - 1
-    parts = [lo[0] + _digits_range(lo[1:], "9" * n)]
-    if int(hi[0]) - int(lo[0]) > 1:
-        parts.append(f"[{int(lo[0]) + 1}-{int(hi[0]) - 1}]" + ("[0-9]" * n))
-    parts.append(hi[0] + _digits_range("0" * n, hi[1:]))
-    return "(" + "|".join(parts) + ")"
+def _digit_class(lo: int, hi: int) -> str:
+    return str(lo) if lo == hi else f"[{lo}-{hi}]"
+
+
+def _any_digits(n: int) -> str:
+    return "" if n == 0 else "[0-9]" if n == 1 else f"[0-9]{{{n}}}"
+
+
+def _at_least(digits: str) -> list[str]:
+    """Alternatives for the digit strings of len(digits) that are >= digits."""
+    out = []
+    for i, d in enumerate(map(int, digits)):
+        rest = len(digits) - i - 1
+        if digits[i + 1 :] == "0" * rest:  # digits itself and all above it from here on
+            out.append(digits[:i] + _digit_class(d, 9) + _any_digits(rest))
+            break
+        if d < 9:
+            out.append(digits[:i] + _digit_class(d + 1, 9) + _any_digits(rest))
+    return out or [""]
+
+
+def _at_most(digits: str) -> list[str]:
+    """Alternatives for the digit strings of len(digits) that are <= digits."""
+    out = []
+    for i, d in enumerate(map(int, digits)):
+        rest = len(digits) - i - 1
+        if digits[i + 1 :] == "9" * rest:
+            out.append(digits[:i] + _digit_class(0, d) + _any_digits(rest))
+            break
+        if d > 0:
+            out.append(digits[:i] + _digit_class(0, d - 1) + _any_digits(rest))
+    return out or [""]
+
+
+def _digits_range(lo: str, hi: str) -> list[str]:
+    """Alternatives (flat: no nesting) for the digit strings of len(lo) in [lo, hi].
+
+    Below the first digit where lo and hi differ, the strings split into those that continue
+    lo's digit (>= lo's rest), those with a digit in between (any rest) and those that
+    continue hi's digit (<= hi's rest): O(digits) alternatives of O(digits) characters each.
+    """
+    same = next((i for i, (a, b) in enumerate(zip(lo, hi, strict=True)) if a != b), len(lo))
+    if same == len(lo):
+        return [lo]
+    prefix, rest = lo[:same], len(lo) - same - 1
+    lo_rest, hi_rest = lo[same + 1 :], hi[same + 1 :]
+    first = int(lo[same]) + (lo_rest != "0" * rest)  # digits whose every continuation is in
+    last = int(hi[same]) - (hi_rest != "9" * rest)
+    out = [] if first == int(lo[same]) else [prefix + lo[same] + a for a in _at_least(lo_rest)]
+    if first <= last:
+        out.append(prefix + _digit_class(first, last) + _any_digits(rest))
+    if last != int(hi[same]):
+        out += [prefix + hi[same] + a for a in _at_most(hi_rest)]
+    return out
 
 
 def uint_range_regex(lo: int, hi: int | None) -> str:
-    """Regex for non-negative integers (no leading zeros) in [lo, hi]; hi None = unbounded."""
+    """Regex for non-negative integers (no leading zeros) in [lo, hi]; hi None = unbounded.
+
+    Its size is quadratic in the number of digits at most, and it nests one group deep.
+    """
     if hi is not None and hi < lo:
         return "(?!)"
-    parts = []
-    length = len(str(lo))
-    start = lo
-    while hi is None or start <= hi:
-        top = 10**length - 1
-        if hi is not None and hi <= top:
-            parts.append(_digits_range(str(start), str(hi)))
-            break
-        if hi is None and start == 10 ** (length - 1):
-            parts.append(f"[1-9][0-9]{{{length - 1},}}" if length > 1 else "[1-9][0-9]*")
-            break
-        parts.append(_digits_range(str(start), str(top)))
-        start, length = top + 1, length + 1
+    low = str(lo)
+    if hi is not None and len(str(hi)) == len(low):
+        return "(" + "|".join(_digits_range(low, str(hi))) + ")"
+    parts = _digits_range(low, "9" * len(low))
+    if hi is None:
+        parts.append(f"[1-9][0-9]{{{len(low)},}}")
+    else:
+        high = str(hi)
+        if len(high) - len(low) > 1:  # every number of the lengths in between
+            parts.append(f"[1-9][0-9]{{{len(low)},{len(high) - 2}}}")
+        parts += _digits_range("1" + "0" * (len(high) - 1), high)
     return "(" + "|".join(parts) + ")"
 
 
 def int_range_regex(lo: int | None, hi: int | None) -> str:
+    """Regex for integers (JSON form) in [lo, hi]; None = unbounded."""
+    if lo is not None and hi is not None and hi < lo:
+        return "(?!)"
     parts = []
     if hi is None or hi >= 0:
         parts.append(uint_range_regex(max(lo or 0, 0) if lo is not None else 0, hi))
@@ -297,6 +347,7 @@ class SchemaConverter(ObjectConverter):
         unknown = sorted(set(schema) & UNSUPPORTED)
         if unknown:
             raise ValueError(f"{where}: unsupported JSON Schema keyword(s): {', '.join(unknown)}")
+        _check_numbers(schema, where)
         if "$ref" in schema:
             rest = {k: v for k, v in schema.items() if k != "$ref" and k in _HANDLED}
             if rest:
@@ -345,6 +396,7 @@ class SchemaConverter(ObjectConverter):
         """`schema` with a top-level $ref replaced by its (non-recursive) target."""
         seen = set()
         while isinstance(schema, dict) and "$ref" in schema:
+            self.deadline.check()
             ref = schema["$ref"]
             if ref in seen or ref in self._stack:
                 raise ValueError(f"{where}: recursive $ref {ref!r} inside allOf is not supported")
@@ -361,7 +413,12 @@ class SchemaConverter(ObjectConverter):
             return b
         if b is True or b == {}:
             return a
+        self.deadline.check()
         b = self._inline(b, where)
+        for part in (a, b):
+            if not isinstance(part, dict):
+                raise ValueError(f"{where}: a schema must be an object or a boolean, got {part!r}")
+            _check_numbers(part, where)
         if "allOf" in b:
             for sub in b["allOf"]:
                 a = self._merge(a, self._inline(sub, where), where)
@@ -396,7 +453,7 @@ class SchemaConverter(ObjectConverter):
             ):
                 out[key] = min(out[key], val)
             elif key == "enum":
-                out[key] = [v for v in out[key] if any(json_equal(v, w) for w in val)]
+                out[key] = json_common(list(out[key]), list(val))
             elif key == "items" and "prefixItems" not in a and "prefixItems" not in b:
                 out[key] = {"allOf": [out[key], val]}
             elif out[key] != val:
@@ -416,8 +473,8 @@ class SchemaConverter(ObjectConverter):
                 raise ValueError(f"{where}: cannot merge patternProperties in allOf")
             props = {}
             for k in list(pa) + [k for k in pb if k not in pa]:
-                sa = pa[k] if k in pa else _unlisted_schema(ppa, xa, k)
-                sb = pb[k] if k in pb else _unlisted_schema(ppb, xb, k)
+                sa = pa[k] if k in pa else _unlisted_schema(ppa, xa, k, self.deadline)
+                sb = pb[k] if k in pb else _unlisted_schema(ppb, xb, k, self.deadline)
                 if sa is True or sa == {} or sb is True or sb == {}:
                     props[k] = sb if sa is True or sa == {} else sa
                     continue
@@ -459,10 +516,10 @@ class SchemaConverter(ObjectConverter):
         if keys and keys <= {"enum", "const"}:
             values = [neg["const"]] if "const" in neg else list(neg["enum"])
             if "const" in neg and "enum" in neg:
-                values = [v for v in values if any(json_equal(v, e) for e in neg["enum"])]
+                values = json_common(values, list(neg["enum"]))
             if "enum" in pos or "const" in pos:
                 own = [pos["const"]] if "const" in pos else list(pos["enum"])
-                kept = [v for v in own if not any(json_equal(v, n) for n in values)]
+                kept = json_common(own, values, inside=False)
                 rest = {k: v for k, v in pos.items() if k not in ("enum", "const")}
                 return self.convert({**rest, "enum": kept}, where)
             if types == ["string"]:
@@ -475,6 +532,8 @@ class SchemaConverter(ObjectConverter):
                     lambda got: got[0] and not got[1],
                     self.deadline,
                 )
+            except CompileTimeout:
+                raise
             except ValueError as exc:
                 raise ValueError(f"{where}: unsupported 'not' of const/enum: {exc}") from None
         raise ValueError(
@@ -500,9 +559,10 @@ class SchemaConverter(ObjectConverter):
 
     def _check_exclusive(self, schemas: list, branches: list, where: str) -> None:
         """Raise unless every pair of `oneOf` branches is proven to share no value."""
-        prover = DisjointProver(lambda s: self._inline(s, where), FORMATS)
+        prover = DisjointProver(lambda s: self._inline(s, where), FORMATS, self.deadline)
         for i in range(len(schemas)):
             for j in range(i + 1, len(schemas)):
+                self.deadline.check()
                 if prover.disjoint(schemas[i], schemas[j]):
                     continue
                 try:
@@ -519,14 +579,14 @@ class SchemaConverter(ObjectConverter):
     def _enum(self, schema, where: str):
         values = [schema["const"]] if "const" in schema else list(schema["enum"])
         if "const" in schema and "enum" in schema:
-            values = [v for v in values if any(json_equal(v, e) for e in schema["enum"])]
+            values = json_common(values, list(schema["enum"]))
         rest = {k: v for k, v in schema.items() if k not in ("enum", "const") and k in _HANDLED}
         texts = list(dict.fromkeys(_compact(v) for v in values))
         if rest:
             from .automaton import RegexAutomaton
 
             automaton = RegexAutomaton(self.convert(rest, where), self.deadline)
-            texts = [t for t in texts if _matches(automaton, t.encode("utf-8"))]
+            texts = [t for t in texts if _matches(automaton, t.encode("utf-8"), self.deadline)]
         return Alt(tuple(literal(t) for t in texts))
 
     # ---- types ---------------------------------------------------------------------------
@@ -636,10 +696,35 @@ class SchemaConverter(ObjectConverter):
         return Alt(tuple(options))
 
 
-def _unlisted_schema(patterns: dict | None, additional, key: str):
+def _unlisted_schema(patterns: dict | None, additional, key: str, deadline: Deadline):
     """What applies to property `key` of an object whose `properties` do not list it."""
-    hits = [s for p, s in (patterns or {}).items() if re.search(p, key)]
+    hits = [s for p, s in (patterns or {}).items() if search(p, key, deadline)]
     return {"allOf": hits} if hits else additional
+
+
+def _check_numbers(schema: dict, where: str) -> None:
+    """Raise ValueError unless bounds are finite numbers and counts non-negative integers."""
+    for key in _BOUNDS:
+        value = schema.get(key)
+        if value is None or (isinstance(value, bool) and key.startswith("exclusive")):
+            continue  # draft 4 writes exclusiveMinimum/exclusiveMaximum as booleans
+        if not _is_finite(value):
+            raise ValueError(f"{where}: {key} must be a finite number, got {value!r}")
+        if abs(value) >= 10**MAX_BOUND_DIGITS:
+            raise ValueError(
+                f"{where}: {key} has more than {MAX_BOUND_DIGITS} digits (MAX_BOUND_DIGITS)"
+            )
+    for key in _COUNTS:
+        value = schema.get(key)
+        if value is not None and not (_is_finite(value) and value >= 0 and value == int(value)):
+            raise ValueError(f"{where}: {key} must be a non-negative integer, got {value!r}")
+
+
+def _is_finite(value) -> bool:
+    """A JSON number other than Infinity/NaN (which Python's json accepts)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
 
 
 def _hex_ir(value: int):
@@ -670,7 +755,8 @@ def _spellings(value):
     return seq(literal('"'), *parts, literal('"'))
 
 
-def _matches(automaton, data: bytes) -> bool:
+def _matches(automaton, data: bytes, deadline: Deadline) -> bool:
+    deadline.check()
     state = automaton.initial
     for b in data:
         state = int(automaton.row(state)[b])

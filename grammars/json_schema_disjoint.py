@@ -10,23 +10,38 @@ with disjoint schemas, or required by one and forbidden by the other.
 
 from __future__ import annotations
 
+import json
 import math
 import re
+
+from .nfa import CompileTimeout, Deadline
+from .regex_algebra import search
 
 _TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
 
-def json_equal(a, b) -> bool:
-    """JSON value equality: 1 == 1.0, but true != 1."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(map(json_equal, a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
+def json_key(value) -> str:
+    """Text that is equal for equal JSON values: 1 and 1.0 alike, true unlike 1, keys unordered."""
+    return json.dumps(_canonical(value), sort_keys=True, separators=(",", ":"))
+
+
+def _canonical(value):
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    return value
+
+
+def json_common(values: list, others: list, inside: bool = True) -> list:
+    """The `values` equal to one of `others` (with inside=False: equal to none of them).
+
+    Linear in both lists, so a request cannot make it quadratic with two long enums.
+    """
+    keys = set(map(json_key, others))
+    return [v for v in values if (json_key(v) in keys) == inside]
 
 
 def json_type(value) -> str:
@@ -66,27 +81,27 @@ def _types(schema) -> set[str]:
 class DisjointProver:
     """Proves branch exclusivity; `inline(schema)` must resolve a top-level `$ref`."""
 
-    def __init__(self, inline, formats: dict[str, str]):
+    def __init__(self, inline, formats: dict[str, str], deadline: Deadline):
         self.inline = inline
         self.formats = formats
+        self.deadline = deadline
 
     def disjoint(self, a, b, depth: int = 0) -> bool:
         if depth > 8:
             return False
-        try:
-            a, b = self.inline(a), self.inline(b)
-        except ValueError:
+        a, b = self._resolve(a), self._resolve(b)
+        if a is None or b is None:
             return False
         if a is False or b is False:
             return True
         if a is True or b is True or not isinstance(a, dict) or not isinstance(b, dict):
             return False
         common = _types(a) & _types(b)
-        if not common or common == {"number"}:
+        if not common:
             return True
         va, vb = _values(a), _values(b)
         if va is not None and vb is not None:
-            return not any(json_equal(x, y) for x in va for y in vb)
+            return not json_common(va, vb)
         if va is not None:
             return all(self.excludes(b, v) for v in va)
         if vb is not None:
@@ -98,7 +113,7 @@ class DisjointProver:
     def _objects_disjoint(self, a, b, depth: int) -> bool:
         req_a, req_b = set(a.get("required", [])), set(b.get("required", []))
         for key in req_a | req_b:
-            sa, sb = _property(a, key), _property(b, key)
+            sa, sb = self._property(a, key), self._property(b, key)
             if key in req_a and key in req_b and self.disjoint(sa, sb, depth + 1):
                 return True
             if (key in req_a and sb is False) or (key in req_b and sa is False):
@@ -107,10 +122,7 @@ class DisjointProver:
 
     def excludes(self, schema, value) -> bool:
         """True when `value` is proven invalid under `schema`."""
-        try:
-            schema = self.inline(schema)
-        except ValueError:
-            return False
+        schema = self._resolve(schema)
         if schema is False:
             return True
         if not isinstance(schema, dict):
@@ -119,7 +131,7 @@ class DisjointProver:
         if kind not in _types(schema):
             return True
         values = _values(schema)
-        if values is not None and not any(json_equal(value, v) for v in values):
+        if values is not None and not json_common([value], values):
             return True
         if kind == "string":
             return self._string_excludes(schema, value)
@@ -132,10 +144,29 @@ class DisjointProver:
             return True
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             return True
-        if "pattern" in schema and re.search(schema["pattern"], value) is None:
+        if "pattern" in schema and not search(schema["pattern"], value, self.deadline):
             return True
         fmt = schema.get("format")
         return fmt in self.formats and re.fullmatch(self.formats[fmt], value) is None
+
+    def _resolve(self, schema):
+        """`inline(schema)`, or None when it cannot be resolved (which proves nothing)."""
+        try:
+            return self.inline(schema)
+        except CompileTimeout:
+            raise
+        except ValueError:
+            return None
+
+    def _property(self, schema, key: str):
+        """What applies to property `key` of an object under `schema`."""
+        if key in schema.get("properties", {}):
+            return schema["properties"][key]
+        patterns = schema.get("patternProperties", {})
+        hits = [s for p, s in patterns.items() if search(p, key, self.deadline)]
+        if hits:
+            return {"allOf": hits}
+        return schema.get("additionalProperties", True)
 
 
 def _number_excludes(schema, value) -> bool:
@@ -148,13 +179,3 @@ def _number_excludes(schema, value) -> bool:
     if not isinstance(ex_lo, bool) and ex_lo is not None and value <= ex_lo:
         return True
     return not isinstance(ex_hi, bool) and ex_hi is not None and value >= ex_hi
-
-
-def _property(schema, key: str):
-    """What applies to property `key` of an object under `schema`."""
-    if key in schema.get("properties", {}):
-        return schema["properties"][key]
-    hits = [s for p, s in schema.get("patternProperties", {}).items() if re.search(p, key)]
-    if hits:
-        return {"allOf": hits}
-    return schema.get("additionalProperties", True)

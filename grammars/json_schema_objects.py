@@ -9,9 +9,8 @@ match a `patternProperties` pattern, match none, or are not declared are exact r
 from __future__ import annotations
 
 import itertools
-import re
 
-from .regex_algebra import ANY_CHAR, NEVER, combine, exclude_words
+from .regex_algebra import ANY_CHAR, NEVER, combine, exclude_words, search
 from .regex_ir import EMPTY, Alt, Chars, Repeat, literal, map_chars, parse_search_regex, seq, star
 
 MAX_DEPENDENCY_CASES = 64
@@ -76,7 +75,7 @@ class ObjectConverter:
         ]
 
         def schema_of(key: str, declared):
-            hits = [s for _ir, p, s in patterns if re.search(p, key)]
+            hits = [s for _ir, p, s in patterns if search(p, key, self.deadline)]
             if declared is None:
                 return {"allOf": hits} if hits else extra_schema
             return {"allOf": [declared, *hits]} if hits else declared
@@ -140,13 +139,16 @@ class ObjectConverter:
         """IR of one `"name":value` pair for a property not declared, or None if none may be."""
         options = []
         for chosen in itertools.product((False, True), repeat=len(patterns)):
+            self.deadline.check()
             subs = [s for (_ir, _p, s), on in zip(patterns, chosen, strict=True) if on]
             sub = {"allOf": subs} if subs else extra_schema
             if sub is False:
                 continue
             # Declared names in this class of pattern matches are written where declared.
             kinds = [p for _ir, p, _s in patterns]
-            taken = [k for k in declared if tuple(bool(re.search(p, k)) for p in kinds) == chosen]
+            taken = [
+                k for k in declared if tuple(search(p, k, self.deadline) for p in kinds) == chosen
+            ]
             names = ANY_NAME
             if patterns:
                 want = tuple(chosen)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from .automaton import ByteAutomaton
+from .states import DICT_ENTRY_BYTES
 from .tokenizer_index import PLAIN_BYTES, TokenizerIndex
 
 _DEAD = 0
@@ -55,6 +56,10 @@ class WalkTable:
         self.flat = np.full(257 * 256, _PENDING, dtype=np.int32)
         self.flat[:256] = _DEAD
         self._plain: dict[int, int | None] = {}
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.nbytes + len(self._plain) * DICT_ENTRY_BYTES
 
     def plain_successor(self, state: int) -> int | None:
         """The state every plain byte leads `state` to (-1 = dead), None if they differ."""

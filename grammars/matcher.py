@@ -1,23 +1,34 @@
-"""CompiledGrammar (immutable, shared) and GrammarMatcher (one request's cursor over it)."""
+"""CompiledGrammar (immutable, shared) and GrammarMatcher (one request's cursor over it).
+
+Automaton work happens inside matcher calls and is held to the grammar's budget (`budget`):
+a call that would exceed it raises `GrammarBudgetExceeded`, and every later call on that
+matcher but `rollback` raises it again, so whatever its request does next fails it too.
+"""
 
 from __future__ import annotations
 
 import codecs
+import functools
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from .automaton import ByteAutomaton
+from .budget import GrammarBudgetExceeded, GrammarLimits
 from .masks import WalkTable, compute_mask
+from .states import DICT_ENTRY_BYTES
 from .tokenizer_index import TokenizerIndex
 
 _TERMINATED = -2
 _MAX_FORCED_BYTES = 1024
+_T = TypeVar("_T")
 
 
 class CompiledGrammar:
-    """A grammar bound to one tokenizer; caches masks and forced text per automaton state."""
+    """A grammar bound to one tokenizer; caches masks (LRU, by bytes) and forced text per state."""
 
     def __init__(
         self,
@@ -25,17 +36,26 @@ class CompiledGrammar:
         automaton: ByteAutomaton,
         kind: str,
         source: str,
-        mask_cache_size: int = 4096,
+        limits: GrammarLimits | None = None,
+        mask_cache_mb: float = 32.0,
     ):
         self.index = index
         self.automaton = automaton
         self.kind = kind
         self.source = source
+        self.budget = automaton.budget
+        self.budget.bind(limits or GrammarLimits())
         self._walk = WalkTable(automaton)
         self.empty_mask = np.zeros(index.num_words, dtype=np.int32)  # no token allowed
         self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._mask_cache_bytes = mask_cache_mb * 2**20
         self._forced: dict[int, bytes] = {}
-        self._mask_cache_size = mask_cache_size
+        self._cached_bytes = 0  # of masks and forced text
+
+    @property
+    def nbytes(self) -> int:
+        """Estimated bytes held: automata, walk table, masks, forced text (grows with use)."""
+        return self.budget.nbytes + self._walk.nbytes + self._cached_bytes
 
     def matcher(self) -> GrammarMatcher:
         """A fresh matcher at the start of the grammar."""
@@ -45,11 +65,15 @@ class CompiledGrammar:
         """Packed int32 mask of the tokens allowed in `state`."""
         with self.automaton.lock:
             got = self._masks.get(state)
-            if got is None:
+            if got is not None:
+                self._masks.move_to_end(state)
+                return got
+            with self.budget:
                 got = compute_mask(self.index, self._walk, state)
-                self._masks[state] = got
-                if len(self._masks) > self._mask_cache_size:
-                    self._masks.popitem(last=False)
+            self._masks[state] = got
+            self._cached_bytes += got.nbytes + DICT_ENTRY_BYTES
+            while self._cached_bytes > self._mask_cache_bytes and len(self._masks) > 1:
+                self._cached_bytes -= self._masks.popitem(last=False)[1].nbytes + DICT_ENTRY_BYTES
             return got
 
     def step(self, state: int, token_id: int) -> int:
@@ -57,7 +81,7 @@ class CompiledGrammar:
         data = self.index.token_bytes[token_id] if 0 <= token_id < self.index.vocab_size else None
         if data is None:
             return -1
-        with self.automaton.lock:
+        with self.automaton.lock, self.budget:
             for b in data:
                 state = int(self.automaton.row(state)[b])
                 if state < 0:
@@ -69,20 +93,42 @@ class CompiledGrammar:
         with self.automaton.lock:
             got = self._forced.get(state)
             if got is None:
-                out = bytearray()
-                s = state
-                while len(out) < _MAX_FORCED_BYTES and not self.automaton.is_accepting(s):
-                    live = np.flatnonzero(self.automaton.row(s) >= 0)
-                    if live.size != 1:
-                        break
-                    out.append(int(live[0]))
-                    s = int(self.automaton.row(s)[live[0]])
-                got = self._forced[state] = bytes(out)
+                with self.budget:
+                    got = self._walk_forced(state)
+                self._forced[state] = got
+                self._cached_bytes += len(got) + DICT_ENTRY_BYTES
             return got
 
+    def _walk_forced(self, state: int) -> bytes:
+        """Follow `state`'s only live byte while there is exactly one and it is not accepting."""
+        out = bytearray()
+        while len(out) < _MAX_FORCED_BYTES and not self.automaton.is_accepting(state):
+            live = np.flatnonzero(self.automaton.row(state) >= 0)
+            if live.size != 1:
+                break
+            out.append(int(live[0]))
+            state = int(self.automaton.row(state)[live[0]])
+        return bytes(out)
+
     def can_continue(self, state: int) -> bool:
-        with self.automaton.lock:
-            return bool((self.automaton.row(state) >= 0).any())
+        with self.automaton.lock, self.budget:
+            return int(self.automaton.row(state).max()) >= 0
+
+
+def _failing_for_good(method: Callable[..., _T]) -> Callable[..., _T]:
+    """A matcher call that, once the grammar's budget failed it, fails every time after."""
+
+    @functools.wraps(method)
+    def call(self: GrammarMatcher, *args) -> _T:
+        if self.failure is not None:
+            raise self.failure.with_traceback(None)
+        try:
+            return method(self, *args)
+        except GrammarBudgetExceeded as exc:
+            self.failure = exc
+            raise
+
+    return call
 
 
 class GrammarMatcher:
@@ -91,11 +137,13 @@ class GrammarMatcher:
     def __init__(self, grammar: CompiledGrammar):
         self.grammar = grammar
         self._states: list[int] = [grammar.automaton.initial]
+        self.failure: GrammarBudgetExceeded | None = None  # why the budget stopped this matcher
 
     @property
     def vocab_size(self) -> int:
         return self.grammar.index.vocab_size
 
+    @_failing_for_good
     def next_token_mask(self) -> np.ndarray:
         """The allowed next tokens as a packed int32[ceil(vocab/32)] row.
 
@@ -116,6 +164,7 @@ class GrammarMatcher:
             )
         bitmask_row.copy_(torch.from_numpy(self.next_token_mask()))
 
+    @_failing_for_good
     def accept(self, token_id: int) -> bool:
         """Advance by one token; False (and no change) when the grammar does not allow it."""
         state = self._states[-1]
@@ -139,6 +188,7 @@ class GrammarMatcher:
         if n:
             del self._states[-n:]
 
+    @_failing_for_good
     def forced_text(self) -> str:
         """Text every valid continuation starts with (complete UTF-8 characters only)."""
         state = self._states[-1]
@@ -147,6 +197,7 @@ class GrammarMatcher:
         data = self.grammar.forced_bytes(state)
         return codecs.getincrementaldecoder("utf-8")().decode(data, final=False)
 
+    @_failing_for_good
     def is_terminated(self) -> bool:
         """True after EOS was accepted, or when the text is complete and nothing can follow."""
         state = self._states[-1]

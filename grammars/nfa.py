@@ -12,6 +12,10 @@ of what contains it. States with equal edges are built once (a character set is 
 ranges and continuation, an alternation by its branches), and a bounded repeat `x{0,n}` is
 nested as `(x(x(...)?)?)?`, so the closure of a state inside it stays small.
 
+An NFA holds at most `MAX_NFA_STATES` states: a repeat is copied once per repetition, so
+after its first copy the builder knows what the rest will take and fails at once, naming
+the limit, rather than running into the compile deadline.
+
 The DFA is built on demand: a state is the set of NFA states with byte edges or tags in an
 epsilon closure, interned to an int; its 256-entry row of successors (-1 = dead) is computed
 the first time someone asks for it.
@@ -20,15 +24,20 @@ the first time someone asks for it.
 from __future__ import annotations
 
 import functools
+import sys
 import time
 
 import numpy as np
 
+from .budget import GrammarBudget
 from .regex_ir import Alt, Chars, Ref, Repeat, Seq, utf8_sequences
+from .states import DICT_ENTRY_BYTES, StateRows
+
+MAX_NFA_STATES = 500_000
 
 
-class CompileTimeout(TimeoutError):
-    """Grammar compilation ran past its time limit."""
+class CompileTimeout(ValueError):
+    """Grammar compilation ran past its time limit (a ValueError: the input is at fault)."""
 
 
 class Deadline:
@@ -40,7 +49,17 @@ class Deadline:
 
     def check(self) -> None:
         if self.end is not None and time.perf_counter() > self.end:
-            raise CompileTimeout(f"grammar compilation exceeded its {self.seconds:.1f} s limit")
+            raise CompileTimeout(
+                f"grammar compilation exceeded its time limit of {self.seconds:g} s "
+                "(grammar_compile_timeout)"
+            )
+
+
+def _too_many_states(what: str) -> ValueError:
+    return ValueError(
+        f"{what} needs more than {MAX_NFA_STATES} NFA states, the limit per grammar "
+        "(MAX_NFA_STATES)"
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -60,6 +79,8 @@ class NFA:
         self._deadline = deadline or Deadline(None)
 
     def new_state(self) -> int:
+        if len(self.eps) >= MAX_NFA_STATES:
+            raise _too_many_states("the grammar")
         self.eps.append([])
         self.edges.append([])
         return len(self.eps) - 1
@@ -105,28 +126,45 @@ class NFA:
         return got
 
     def _repeat(self, node: Repeat, nxt: int) -> int:
+        if node.hi is not None and node.hi < node.lo:
+            raise ValueError(f"repeat with max {node.hi} < min {node.lo}")
+        left = node.lo + (1 if node.hi is None else node.hi - node.lo)  # copies to build
         if node.hi is None:
             loop = self.new_state()
-            body = self._build(node.item, loop)
+            left -= 1
+            body = self._copy(node, loop, left)
             self.eps[loop].extend((body, nxt) if body >= 0 else (nxt,))
             nxt = loop
         else:
-            if node.hi < node.lo:
-                raise ValueError(f"repeat with max {node.hi} < min {node.lo}")
             # x{0,n} as (x(x(...)?)?)?: each optional copy skips straight to the end.
-            end = cur = nxt
+            end = nxt
             for _ in range(node.hi - node.lo):
-                body = self._build(node.item, cur)
+                left -= 1
+                body = self._copy(node, nxt, left, skip_to=end)
                 if body < 0:
                     break
-                cur = self._alt([body, end])
-                self._deadline.check()
-            nxt = cur
+                nxt = body
         for _ in range(node.lo):
-            nxt = self._build(node.item, nxt)
+            left -= 1
+            nxt = self._copy(node, nxt, left)
             if nxt < 0:
                 return -1
         return nxt
+
+    def _copy(self, node: Repeat, nxt: int, left: int, skip_to: int | None = None) -> int:
+        """One copy of a repeated item (optional, skipping to `skip_to`, when that is given).
+
+        Fails fast when `left` more copies of the same size would pass `MAX_NFA_STATES`.
+        """
+        self._deadline.check()
+        before = len(self.eps)
+        start = self._build(node.item, nxt)
+        if skip_to is not None and start >= 0:
+            start = self._alt([start, skip_to])
+        if len(self.eps) + max(len(self.eps) - before, 1) * left > MAX_NFA_STATES:
+            hi = "" if node.hi is None else node.hi
+            raise _too_many_states(f"the repeat {{{node.lo},{hi}}}")
+        return start
 
     def _chars(self, ranges: tuple, nxt: int) -> int:
         key = (ranges, nxt)
@@ -157,32 +195,34 @@ class NFA:
 
 
 class LazyDFA:
-    """Determinize an NFA on demand; states are ints, rows are int32[256] (-1 = dead)."""
+    """Determinize an NFA on demand; states are ints, rows are int32[256] (-1 = dead).
 
-    def __init__(self, nfa: NFA):
+    Work and memory count against `budget`: DFA states and the target sets that lead to them
+    are charged, the number of states and the NFA states in one are limited.
+    """
+
+    def __init__(self, nfa: NFA, budget: GrammarBudget | None = None):
         self.nfa = nfa
-        self._closure: dict[int, frozenset[int]] = {}
+        self.budget = budget or GrammarBudget()
         self._by_targets: dict[frozenset[int], int] = {}
-        self.sets: list[frozenset[int]] = []
-        self._ids: dict[frozenset[int], int] = {}
-        self.table = np.full((16, 256), -1, dtype=np.int32)
-        self.done = np.zeros(16, dtype=bool)
+        self.states = StateRows(self.budget, "NFA states")
+        self.sets = self.states.sets
 
-    def closure_of(self, state: int) -> frozenset[int]:
-        """NFA states with byte edges or tags reachable from `state` by epsilon moves."""
-        got = self._closure.get(state)
-        if got is None:
-            seen = {state}
-            stack = [state]
-            eps = self.nfa.eps
-            while stack:
-                for t in eps[stack.pop()]:
-                    if t not in seen:
-                        seen.add(t)
-                        stack.append(t)
-            edges, tags = self.nfa.edges, self.nfa.tags
-            got = self._closure[state] = frozenset(s for s in seen if edges[s] or s in tags)
-        return got
+    def closure(self, states: frozenset[int]) -> frozenset[int]:
+        """NFA states with byte edges or tags reachable from `states` by epsilon moves."""
+        # One search from all of them: closures of single states overlap (nested optional
+        # repeats), and keeping each one would cost their summed sizes.
+        self.budget.check_time()
+        seen = set(states)
+        stack = list(states)
+        eps = self.nfa.eps
+        while stack:
+            for t in eps[stack.pop()]:
+                if t not in seen:
+                    seen.add(t)
+                    stack.append(t)
+        edges, tags = self.nfa.edges, self.nfa.tags
+        return frozenset(s for s in seen if edges[s] or s in tags)
 
     def intern(self, nfa_states) -> int:
         """DFA id of the closure of `nfa_states` (negative ones ignored); -1 when empty."""
@@ -190,27 +230,16 @@ class LazyDFA:
         got = self._by_targets.get(targets)
         if got is not None:
             return got
-        key = frozenset().union(*map(self.closure_of, targets))
-        if not key:
-            got = -1
-        else:
-            got = self._ids.get(key)
-            if got is None:
-                got = self._ids[key] = len(self.sets)
-                self.sets.append(key)
-                if got >= self.table.shape[0]:
-                    grow = self.table.shape[0]
-                    self.table = np.vstack([self.table, np.full((grow, 256), -1, dtype=np.int32)])
-                    self.done = np.concatenate([self.done, np.zeros(grow, dtype=bool)])
+        key = self.closure(targets)
+        got = self.states.intern(key) if key else -1
+        self.budget.charge(sys.getsizeof(targets) + DICT_ENTRY_BYTES)
         self._by_targets[targets] = got
         return got
 
     def row(self, state: int) -> np.ndarray:
-        if not self.done[state]:
-            self._compute_row(state)
-        return self.table[state]
+        return self.states.row(state, self._compute_row)
 
-    def _compute_row(self, state: int) -> None:
+    def _compute_row(self, state: int) -> np.ndarray:
         # Sweep the byte axis: targets enter at an edge's low byte and leave after its high one.
         events: dict[int, list[tuple[int, int]]] = {}
         for s in self.sets[state]:
@@ -229,10 +258,26 @@ class LazyDFA:
                     del active[t]
             if active:
                 row[a:b] = self.intern(active)
-        self.table[state] = row  # after interning: interning may have reallocated the table
-        self.done[state] = True
+        return row
 
     def tags(self, state: int) -> list[int]:
         """Tags of the accepting NFA states in `state`."""
         tags = self.nfa.tags
         return [tags[s] for s in self.sets[state] if s in tags]
+
+
+# Per NFA state: its two lists, its id (an int object) and its build memo entries (measured).
+_NFA_STATE_BYTES = 2 * sys.getsizeof([]) + 32 + 200
+_EDGE_BYTES = sys.getsizeof((0, 0, 0)) + 8  # a (lo, hi, target) tuple and its list slot
+
+
+def nfa_nbytes(nfa: NFA) -> int:
+    """Rough bytes an NFA holds: states, epsilon moves, byte edges, tags."""
+    moves = sum(map(len, nfa.eps))
+    edges = sum(map(len, nfa.edges))
+    return (
+        len(nfa.eps) * _NFA_STATE_BYTES
+        + 8 * moves
+        + edges * _EDGE_BYTES
+        + len(nfa.tags) * DICT_ENTRY_BYTES
+    )

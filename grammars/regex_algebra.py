@@ -10,6 +10,9 @@ derive alike), and the explored automaton is written back as IR.
 `combine` builds the product automaton of several terms and, where a state is just one of the
 terms again, leaves that term as it was; the rest is turned back into IR by state elimination,
 which is exact but grows quickly, so it is capped at `MAX_STATES` states.
+
+`search` matches text against a pattern the same way, one derivative per character: linear
+in the text, where Python's backtracking `re` can take exponential time on a request's pattern.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from .regex_ir import (
     complement,
     intersect,
     normalize,
+    parse_search_regex,
     subtract,
 )
 
@@ -269,6 +273,18 @@ class Terms:
             if rest:
                 blocks.append(rest)
         return blocks
+
+
+def search(pattern: str, text: str, deadline: Deadline | None = None) -> bool:
+    """Whether `re.search(pattern, text)` finds a match (ValueError if `pattern` is not regular)."""
+    terms = Terms(deadline)
+    t = terms.term(parse_search_regex(pattern))
+    for ch in text:
+        terms.deadline.check()
+        t = terms.deriv(t, ord(ch))
+        if t == _N:
+            return False
+    return terms.nullable(t)
 
 
 def restrict_length(ir, lo: int, hi: int | None, deadline: Deadline | None = None):

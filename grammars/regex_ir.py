@@ -242,7 +242,7 @@ def _strip_anchors(items: list) -> tuple[list, bool, bool]:
 def _parse(pattern: str, flags: int, search: bool):
     try:
         tree = sre_parse.parse(pattern, flags)
-    except re.error as exc:
+    except (re.error, OverflowError) as exc:  # OverflowError: a repeat count past 2**32 - 2
         raise ValueError(f"invalid regex {pattern!r}: {exc}") from None
     flags = tree.state.flags
     items = list(tree)

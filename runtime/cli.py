@@ -21,6 +21,7 @@ import typing
 from typing import Any
 
 from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.serving import CHARS_PER_TOKEN, ServerLimits
 
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 
@@ -76,6 +77,26 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=30000)
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     serve.add_argument(
+        "--admin-api-key", default=None,
+        help="key for the admin routes (/flush_cache, abort_all); when set, the API key does "
+        "not open them",
+    )  # fmt: skip
+    limits = ServerLimits()
+    serve.add_argument(
+        "--max-body-bytes", type=int, default=limits.max_body_bytes,
+        help=f"largest request body accepted (default: {limits.max_body_bytes})",
+    )  # fmt: skip
+    serve.add_argument(
+        "--max-prompt-chars", type=int, default=None,
+        help=f"longest prompt text accepted, checked before tokenizing (default: "
+        f"{CHARS_PER_TOKEN} x the context length)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--max-requests-per-call", type=int, default=limits.max_requests_per_call,
+        help="most generations (prompts x n) one HTTP request may ask for (default: "
+        f"{limits.max_requests_per_call})",
+    )  # fmt: skip
+    serve.add_argument(
         "--cors-origin", action="append", dest="cors_origins", default=None,
         help="allow cross-origin requests from this origin (repeatable; off by default)",
     )  # fmt: skip
@@ -125,6 +146,12 @@ def _serve(args: argparse.Namespace) -> int:
         args.host,
         args.port,
         api_key=args.api_key,
+        admin_api_key=args.admin_api_key,
+        limits=ServerLimits(
+            max_body_bytes=args.max_body_bytes,
+            max_prompt_chars=args.max_prompt_chars,
+            max_requests_per_call=args.max_requests_per_call,
+        ),
         cors_origins=args.cors_origins,
         served_model_name=args.served_model_name,
         log_level=args.log_level,

@@ -7,6 +7,10 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixflow.grammars import GrammarLimits
+
+_GRAMMAR = GrammarLimits()  # the grammar_<limit> knobs' defaults
+
 
 def _knob(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
     return field(default=default, metadata={"help": help, "choices": choices})
@@ -48,6 +52,37 @@ class EngineConfig:
     )
     grammar_compile_timeout: float = _knob(
         10.0, "seconds a regex / JSON Schema / grammar may take to compile"
+    )
+    # Per-grammar budgets on what is built lazily while requests decode: a grammar past one
+    # fails its own request (finish_reason abort naming the knob), never the batch.
+    grammar_step_timeout: float = _knob(
+        _GRAMMAR.step_timeout,
+        "seconds of grammar work one call (a mask, an accept, forced text) may take",
+    )
+    grammar_max_states: int = _knob(
+        _GRAMMAR.max_states, "states one grammar's lazy automata may build each"
+    )
+    grammar_max_state_size: int = _knob(
+        _GRAMMAR.max_state_size,
+        "NFA states in one DFA state (parser positions in one grammar state)",
+    )
+    grammar_max_earley_items: int = _knob(
+        _GRAMMAR.max_earley_items, "items in one Earley set of a grammar"
+    )
+    grammar_max_chart_items: int = _knob(
+        _GRAMMAR.max_chart_items, "items in all the Earley sets of one grammar (its chart)"
+    )
+    grammar_max_mb: float = _knob(_GRAMMAR.max_mb, "MiB one grammar may grow by after compiling")
+    grammar_cache_mb: float = _knob(
+        512.0, "MiB of compiled grammars kept by source; least recently used dropped first"
+    )
+    grammar_compile_workers: int = _knob(
+        8, "threads compiling grammars at once (a cached grammar never waits for them)"
+    )
+    grammar_import_paths: str = _knob(
+        "",
+        "directories (separated by ':') whose .lark files request grammars may %import, besides "
+        "the grammars bundled with lark; relative imports are always refused",
     )
     jump_forward: bool = _knob(
         True, "append text a grammar forces in one extend step instead of decoding it"

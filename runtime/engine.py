@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
+from radixflow.grammars import GrammarBudgetExceeded
 from radixflow.runtime.config import EngineConfig
-from radixflow.runtime.constrained import GrammarBackend
+from radixflow.runtime.constrained import GrammarBackend, budget_abort, grammar_limits
 from radixflow.runtime.detokenizer import IncrementalDetokenizer
 from radixflow.runtime.jump_forward import jump_forward
 from radixflow.runtime.model_loader import load_checkpoint
@@ -35,8 +36,11 @@ from radixflow.runtime.sampler import RequestSampler, Sampler, SamplingBatch
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.scheduler import ScheduledStep, Scheduler, SchedulerLimits
 from radixflow.runtime.speculative import Speculator, build_speculator
+from radixflow.runtime.text import check_encodable
 
 logger = logging.getLogger(__name__)
+
+LOGPROB_FLOOR = -9999.0
 
 
 class _Sink:
@@ -91,7 +95,9 @@ class Engine:
         self.model_dir = checkpoint.model_dir
         self.runner = ModelRunner(self.config, checkpoint)
         self.vocab_size = self.runner.vocab_size
-        self.context_length = self.runner.context_length
+        self.model_context_length = self.runner.context_length
+        # SGLang's max request length: the KV pool caps it too, so one request always fits.
+        self.context_length = min(self.model_context_length, self.runner.pool.capacity_tokens)
         self.eos_token_ids = _eos_ids(checkpoint)
         self.scheduler = Scheduler(
             self.runner.pool,
@@ -108,9 +114,18 @@ class Engine:
             self.config, self.runner, self.tokenizer, self.sampler
         )
         self.grammars = GrammarBackend(
-            self.tokenizer, self.vocab_size, self.eos_token_ids, self.config.grammar_compile_timeout
+            self.tokenizer,
+            self.vocab_size,
+            self.eos_token_ids,
+            self.config.grammar_compile_timeout,
+            limits=grammar_limits(self.config),
+            cache_mb=self.config.grammar_cache_mb,
+            workers=self.config.grammar_compile_workers,
+            import_paths=self.config.grammar_import_paths,
         )
         self._sinks: dict[str, _Sink] = {}
+        self._live_rids: set[str] = set()  # submitted, not yet finished (any thread reads it)
+        self._rid_lock = threading.Lock()
         self._inbox: queue.Queue[_Submission | _Flush | _Unpin | str] = queue.Queue()
         self._wake = threading.Event()
         self._stopped = False
@@ -157,7 +172,7 @@ class Engine:
         reqs = [r for g in groups for r in g]
         for req, compiled in self._compile_grammars(reqs):
             req.grammar = compiled.result().matcher()
-        sinks = [self._submit(r, _Sink()) for r in reqs]
+        sinks = self._submit_all(reqs, None)
         if stream:
             return self._stream_sync(sinks[0])
         results = [self._wait_final_sync(s) for s in sinks]
@@ -189,7 +204,7 @@ class Engine:
         reqs = [r for g in groups for r in g]
         for req, compiled in self._compile_grammars(reqs):
             req.grammar = (await asyncio.wrap_future(compiled)).matcher()
-        sinks = [self._submit(r, _Sink(loop)) for r in reqs]
+        sinks = self._submit_all(reqs, loop)
         if stream:
             return self._stream_async(sinks[0], reqs[0].rid)
         try:
@@ -201,7 +216,8 @@ class Engine:
         return _shape(results, groups, batched)
 
     def flush_cache(self) -> None:
-        """Empty the prefix cache; refuses (RuntimeError) while requests are running or waiting."""
+        """Empty the prefix cache and the compiled-grammar cache; refuses (RuntimeError) while
+        requests are running or waiting."""
         if self._stopped:
             raise RuntimeError("the engine has been shut down")
         done: queue.Queue[Exception | None] = queue.Queue()
@@ -223,7 +239,7 @@ class Engine:
             raise ValueError("pin_prefix takes one prompt, not a list")
         req = groups[0][0]
         req.pin_id = req.rid
-        out = self._wait_final_sync(self._submit(req, _Sink()))
+        out = self._wait_final_sync(self._submit_all([req], None)[0])
         reason = out["meta_info"]["finish_reason"]
         if reason["type"] == "abort":
             raise RuntimeError(f"pin_prefix failed: {reason.get('message')}")
@@ -309,8 +325,8 @@ class Engine:
             raise ValueError(f"top_logprobs_num must be >= 0, got {top_logprobs_num}")
         groups = []
         for i, (ids, params) in enumerate(zip(ids_list, params_list, strict=True)):
-            self._check_prompt(ids)
-            params.validate(self.vocab_size)
+            self.check_prompt(ids)
+            params.validate(self.vocab_size, self.model_context_length)
             base = rid if rid is not None and len(ids_list) == 1 else None
             base = base or (f"{rid}-{i}" if rid is not None else uuid.uuid4().hex)
             copies = params.expand()
@@ -331,18 +347,27 @@ class Engine:
         return [(r, self.grammars.submit(r.params)) for r in reqs if r.params.grammar is not None]
 
     def _encode(self, text: str) -> list[int]:
+        check_encodable(text, "prompt")
         return self.tokenizer.encode(text)
 
-    def _check_prompt(self, ids: list[int]) -> None:
+    def check_prompt(self, ids: list[int]) -> None:
+        """Raise ValueError unless `ids` is a prompt this engine can run: non-empty, in the
+        vocabulary, and short enough to leave room for a generated token."""
         if not ids:
             raise ValueError("prompt is empty")
-        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
+        if not all(_is_token_id(t, self.vocab_size) for t in ids):
             raise ValueError(f"input_ids must be integers in [0, {self.vocab_size})")
-        if len(ids) >= self.context_length:
+        if len(ids) < self.context_length:
+            return
+        if self.context_length < self.model_context_length:
             raise ValueError(
-                f"the prompt ({len(ids)} tokens) is longer than the model's context length "
-                f"({self.context_length} tokens)"
+                f"the prompt ({len(ids)} tokens) and one generated token do not fit the KV pool, "
+                f"which holds {self.context_length} tokens (raise max_total_tokens or kv_cache_gb)"
             )
+        raise ValueError(
+            f"the prompt ({len(ids)} tokens) is longer than the model's context length "
+            f"({self.context_length} tokens)"
+        )
 
     def _new_req(
         self,
@@ -362,10 +387,19 @@ class Engine:
         sampler = RequestSampler(params, prompt_ids=ids, eos_token_ids=self.eos_token_ids)
         return Req(rid, list(ids), params, sampler, detok, logprob, stream)
 
-    def _submit(self, req: Req, sink: _Sink) -> _Sink:
-        self._inbox.put(_Submission(req, sink))
+    def _submit_all(self, reqs: list[Req], loop: asyncio.AbstractEventLoop | None) -> list[_Sink]:
+        """Hand requests to the engine thread; a rid still in use refuses them all."""
+        with self._rid_lock:
+            taken = [r.rid for r in reqs if r.rid in self._live_rids]
+            if taken or len({r.rid for r in reqs}) < len(reqs):
+                name = taken[0] if taken else reqs[0].rid
+                raise ValueError(f"rid {name!r} is already in use by a running request")
+            self._live_rids.update(r.rid for r in reqs)
+        sinks = [_Sink(loop) for _ in reqs]
+        for req, sink in zip(reqs, sinks, strict=True):
+            self._inbox.put(_Submission(req, sink))
         self._wake.set()
-        return sink
+        return sinks
 
     # -- waiting for results ----------------------------------------------------------------
     def _wait_final_sync(self, sink: _Sink) -> dict[str, Any]:
@@ -429,6 +463,7 @@ class Engine:
             elif isinstance(item, _Flush):
                 try:
                     self.scheduler.flush_cache()
+                    self.grammars.flush()
                     item.done.put(None)
                 except RuntimeError as exc:
                     item.done.put(exc)
@@ -494,7 +529,7 @@ class Engine:
         """Sample one token for each request from its logits row."""
         sample_logits = logits[torch.tensor([row for _, row in sampled])]
         reqs = [req for req, _ in sampled]
-        self.grammars.mask_logits(sample_logits, reqs)
+        failed = self.grammars.mask_logits(sample_logits, reqs)  # rows whose grammar gave out
         want_lp = any(r.logprob.return_logprob for r in reqs)
         top_k = max(r.logprob.top_logprobs_num for r in reqs) if want_lp else 0
         out = self.sampler.sample(
@@ -505,7 +540,7 @@ class Engine:
         )
         tokens = out.next_token_ids.tolist()
         for i, (req, token) in enumerate(zip(reqs, tokens, strict=True)):
-            refused = self._append(req, token, now)
+            refused = budget_abort(failed[i]) if i in failed else self._append(req, token, now)
             if refused is not None:
                 self._after_sampling(req, 0, refused)
                 continue
@@ -539,7 +574,11 @@ class Engine:
 
     def _append(self, req: Req, token: int, now: float) -> dict[str, Any] | None:
         """Add a sampled token; an abort reason if the request's grammar refuses it."""
-        if req.grammar is not None and not req.grammar.accept(token):
+        try:
+            refused = req.grammar is not None and not req.grammar.accept(token)
+        except GrammarBudgetExceeded as exc:
+            return budget_abort(exc)
+        if refused:
             # Only a row with no allowed token at all (e.g. min_new_tokens blocking the EOS
             # the grammar requires) gets here; fail this request alone.
             return {"type": "abort", "message": f"no token satisfies the grammar (sampled {token})"}
@@ -558,8 +597,12 @@ class Engine:
             req.sample_steps += 1
             req.sampled_tokens += appended
         if reason is None and req.grammar is not None and self.config.jump_forward:
-            self.stats["jump_forward_tokens"] += jump_forward(req, self.tokenizer)
-            reason = self._done_reason(req)
+            try:
+                self.stats["jump_forward_tokens"] += jump_forward(req, self.tokenizer)
+            except GrammarBudgetExceeded as exc:
+                reason = budget_abort(exc)
+            else:
+                reason = self._done_reason(req)
         if reason is not None:
             self.scheduler.remove(req)
             self._finish(req, reason)
@@ -581,8 +624,11 @@ class Engine:
     def _done_reason(self, req: Req) -> dict[str, Any] | None:
         """Finish reason once the grammar is complete or the output or context is full."""
         p = req.params
-        if req.grammar is not None and req.grammar.is_terminated():
-            return {"type": "stop", "matched": None}
+        try:
+            if req.grammar is not None and req.grammar.is_terminated():
+                return {"type": "stop", "matched": None}
+        except GrammarBudgetExceeded as exc:
+            return budget_abort(exc)
         if len(req.output_ids) >= p.max_new_tokens:
             return {"type": "length", "length": p.max_new_tokens}
         if req.fill_len >= self.context_length:
@@ -600,6 +646,8 @@ class Engine:
         self.stats["completion_tokens"] += len(req.output_ids)
         self._emit(req)
         self._sinks.pop(req.rid, None)
+        with self._rid_lock:
+            self._live_rids.discard(req.rid)
 
     def _emit(self, req: Req) -> None:
         sink = self._sinks.get(req.rid)
@@ -718,7 +766,14 @@ def _top(
 ) -> list[tuple[float, int]]:
     vals, ids = top_logprobs
     k = req.logprob.top_logprobs_num
-    return list(zip(vals[i, :k].tolist(), ids[i, :k].tolist(), strict=True))
+    # Tokens a grammar forbids have logprob -inf, which JSON cannot carry; report the floor
+    # vLLM reports for them.
+    finite = vals[i, :k].clamp(min=LOGPROB_FLOOR)
+    return list(zip(finite.tolist(), ids[i, :k].tolist(), strict=True))
+
+
+def _is_token_id(t: object, vocab_size: int) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
 
 
 def _shutdown_if_alive(ref: weakref.ref) -> None:

@@ -3,7 +3,9 @@
 The forced text is joined to the last few output tokens and re-tokenized, so the output ids
 stay what the tokenizer itself gives for the text (canonical tokenization): when the new text
 changes how the tail tokenizes, the changed tail is rolled back (grammar and KV) and replaced.
-The appended tokens are then fed in one extend step, like a prefill chunk.
+The appended tokens are then fed in one extend step, like a prefill chunk. A grammar that
+exceeds its budget midway raises `GrammarBudgetExceeded` with the request unchanged but its
+matcher failed: the caller aborts the request.
 """
 
 from __future__ import annotations

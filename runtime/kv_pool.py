@@ -45,6 +45,11 @@ class KVPool:
     def capacity_pages(self) -> int:
         return self.num_pages - 1
 
+    @property
+    def capacity_tokens(self) -> int:
+        """The most tokens the pool's KV can hold at once (page 0 excluded)."""
+        return self.capacity_pages * self.page_size
+
     def available(self) -> int:
         """Free pages."""
         return len(self._free_pages)

@@ -69,7 +69,7 @@ async def completions(body: CompletionRequest, request: Request):
         raise APIError("best_of other than n is not supported", param="best_of")
     if body.echo and body.stream:
         raise APIError("echo is not supported with stream", param="echo")
-    prompts = _completion_prompts(ctx, body.prompt)
+    prompts = await _completion_prompts(ctx, body.prompt)
     params = _sampling(body, body.max_tokens)
     batch = ctx.client.build(prompts, [params] * len(prompts), body.rid, _OPENAI_NAMES)
     logprob = LogprobArgs(
@@ -101,14 +101,14 @@ async def completions(body: CompletionRequest, request: Request):
     }
 
 
-def _completion_prompts(ctx: ServerContext, prompt: Any) -> list[list[int]]:
+async def _completion_prompts(ctx: ServerContext, prompt: Any) -> list[list[int]]:
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         prompt = [prompt]
     if not prompt:
         raise APIError("prompt must not be empty", param="prompt")
     return [
         ctx.client.check_ids(
-            p if isinstance(p, list) else ctx.client.tokenize(p, "prompt"), "prompt"
+            p if isinstance(p, list) else await ctx.client.tokenize(p, "prompt"), "prompt"
         )
         for p in prompt
     ]
@@ -192,7 +192,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     plan = ToolPlan.from_request(body.tools, body.tool_choice, body.parallel_tool_calls)
     if plan is not None and (body.response_format or body.regex or body.ebnf or body.json_schema):
         raise APIError("tools cannot be combined with another output constraint", param="tools")
-    ids = _chat_prompt(ctx, body, plan)
+    ids = await _chat_prompt(ctx, body, plan)
     max_new = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
@@ -224,7 +224,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     }
 
 
-def _chat_prompt(
+async def _chat_prompt(
     ctx: ServerContext, body: ChatCompletionRequest, plan: ToolPlan | None
 ) -> list[int]:
     messages = [history_message(m) for m in body.messages]
@@ -242,7 +242,7 @@ def _chat_prompt(
         raise APIError(
             f"messages: the chat template rejected them: {exc}", param="messages"
         ) from None
-    ids = ctx.client.tokenize(text, "messages", add_special_tokens=False)
+    ids = await ctx.client.tokenize(text, "messages", add_special_tokens=False)
     return ctx.client.check_ids(ids, "messages")
 
 

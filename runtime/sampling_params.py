@@ -11,6 +11,9 @@ from typing import Any
 # Below this temperature a request is decoded greedily (dividing by it would overflow).
 GREEDY_TEMPERATURE = 1e-6
 MAX_N = 128
+# Smaller repetition penalties divide logits past float range: one token wins forever.
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 2.0
 
 _INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n")
 _FLOAT_FIELDS = (
@@ -132,14 +135,22 @@ class SamplingParams:
         ):
             raise _fail("logit_bias", "must map integer token ids to numbers", self.logit_bias)
 
-    def validate(self, vocab_size: int | None = None) -> None:
+    def validate(self, vocab_size: int | None = None, context_length: int | None = None) -> None:
         """Raise ValueError naming the field whose value is out of range.
 
-        With `vocab_size`, token ids (stop_token_ids, logit_bias keys) must lie in the vocabulary.
+        With `vocab_size`, token ids (stop_token_ids, logit_bias keys) must lie in the vocabulary;
+        with `context_length`, max_new_tokens may not exceed it (generation also stops where the
+        prompt plus the output fill the context).
         """
         self.check_types()
         if self.max_new_tokens < 0:
             raise _fail("max_new_tokens", "must be >= 0", self.max_new_tokens)
+        if context_length is not None and self.max_new_tokens > context_length:
+            raise _fail(
+                "max_new_tokens",
+                f"must be at most the model's context length ({context_length} tokens)",
+                self.max_new_tokens,
+            )
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             raise _fail(
                 "min_new_tokens",
@@ -157,8 +168,12 @@ class SamplingParams:
         for name in ("frequency_penalty", "presence_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise _fail(name, "must be in [-2, 2]", getattr(self, name))
-        if not 0 < self.repetition_penalty <= 2:
-            raise _fail("repetition_penalty", "must be in (0, 2]", self.repetition_penalty)
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise _fail(
+                "repetition_penalty",
+                f"must be in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}]",
+                self.repetition_penalty,
+            )
         if not 1 <= self.n <= MAX_N:
             raise _fail("n", f"must be in [1, {MAX_N}]", self.n)
         if self.seed is not None and not 0 <= self.seed < 2**64:

@@ -11,6 +11,17 @@ When pages run out the tree evicts least-recently-used unlocked prefixes first; 
 the newest running requests retracted to the front of the queue, keeping their output.
 Programs may pin prefixes they will reuse (a fork's shared text): pinned tree nodes stay locked,
 so never evicted, until unpinned; pins hold at most MAX_PINNED_FRACTION of the pool.
+
+Admission never lets one request stall the queue. A waiting request fits when pages for all its
+tokens past its cached prefix (locked for it: not evictable, and not needed again) are free or
+evictable, with a page of headroom per running request, even when only a chunk runs now. One
+that does not fit is skipped and the requests behind it are still admitted; each one admitted in
+a round that skipped it overtakes it. After MAX_OVERTAKES it is overdue: overdue requests are
+tried first, in queue order, and while one does not fit nothing else is admitted, so the running
+requests drain until it does. With nothing running only pinned prefixes can keep a request out,
+so it fails (an abort) instead of waiting for an unpin. The engine refuses prompts longer than
+the pool and stops requests at its capacity, so a request running alone always has room to grow
+unless pins crowd it; then it fails the same way.
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from radixflow.runtime.kv_pool import KVPool
-from radixflow.runtime.radix_cache import RadixCache, TreeNode
+from radixflow.runtime.radix_cache import MatchResult, RadixCache, TreeNode
 from radixflow.runtime.request import Req
 
 # Past this queue length, prefix matching for every waiting request costs more than it saves.
@@ -30,6 +41,8 @@ LPM_MAX_QUEUE = 128
 IN_BATCH_PREFIX_THRESHOLD = 32
 # Pins beyond this share of the pool would leave running requests too little room.
 MAX_PINNED_FRACTION = 0.5
+# Requests admitted while a waiting one does not fit before it blocks admission (see above).
+MAX_OVERTAKES = 16
 
 
 @dataclass
@@ -63,6 +76,7 @@ class Scheduler:
         self.failed: list[Req] = []  # requests the pool can never hold; the engine reports them
         self.pins: dict[str, tuple[TreeNode, int]] = {}  # pin id -> (locked tree node, tokens)
         self.pinned_tokens = 0
+        self._overtakes: dict[int, int] = {}  # id(waiting req) -> requests admitted past it
 
     # -- queue ---------------------------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -78,6 +92,7 @@ class Scheduler:
             self._release(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+            self._overtakes.pop(id(req), None)
 
     def flush_cache(self) -> None:
         """Empty the tree, pinned prefixes included."""
@@ -96,7 +111,7 @@ class Scheduler:
             return 0
         match = self.cache.match_prefix(ids)
         n = len(match.slots)
-        budget = self.pool.capacity_pages * self.pool.page_size * MAX_PINNED_FRACTION
+        budget = self.pool.capacity_tokens * MAX_PINNED_FRACTION
         if n == 0 or self.pinned_tokens + n > budget:
             return 0
         self.cache.lock(match.last_node)
@@ -113,9 +128,16 @@ class Scheduler:
 
     # -- scheduling ----------------------------------------------------------------------------
     def schedule(self) -> ScheduledStep | None:
-        reqs: list[Req] = []
-        lens: list[int] = []
-        slots: list[torch.Tensor] = []
+        rows: list[tuple[Req, int, torch.Tensor]] = []
+        budget = self._schedule_running(rows)
+        self._schedule_waiting(rows, budget)
+        if not rows:
+            return None
+        reqs, lens, slots = zip(*rows, strict=True)
+        return ScheduledStep(list(reqs), list(lens), torch.cat(slots))
+
+    def _schedule_running(self, rows: list[tuple[Req, int, torch.Tensor]]) -> int:
+        """Add each running request's next tokens (oldest first); returns the budget left."""
         budget = self._prefill_budget()
         for req in list(self.running):
             if req not in self.running:  # retracted while making room for an earlier one
@@ -123,36 +145,48 @@ class Scheduler:
             if req.remaining == 1:
                 n = self._decode_len(req)
             else:
-                n = self._chunk(req, budget, first=budget == self._prefill_budget())
+                n = self._chunk(req.remaining, budget, first=budget == self._prefill_budget())
             if n == 0:
                 continue
             loc = self._grow_or_retract(req, n)
             if loc is None:
                 continue
-            reqs.append(req)
-            lens.append(n)
-            slots.append(loc)
+            rows.append((req, n, loc))
             if n > 1:
                 budget -= n
+        return budget
+
+    def _schedule_waiting(self, rows: list[tuple[Req, int, torch.Tensor]], budget: int) -> None:
+        """Admit waiting requests while budget, rows and pages allow (see the module docstring)."""
         admitted: list[Req] = []
-        for req in self._ordered_waiting():
-            if budget <= 0 or len(self.running) >= self.limits.max_running_requests:
+        refused: list[Req] = []
+        for req in self._admission_order():
+            if (
+                budget <= 0
+                or len(self.running) >= self.limits.max_running_requests
+                or self.pool.rows_available() == 0
+            ):
                 break
             if self._shares_uncached_prefix(req, admitted):
                 continue
             n = self._admit(req, budget, first=budget == self._prefill_budget())
-            if n is None:
+            if n == 0:  # a whole prompt (no chunking) waits for a step with budget for it
                 break
+            if n is None:
+                if not self.running:
+                    self._fail(req, req.fill_len)
+                    continue
+                if self._overdue(req):
+                    break
+                refused.append(req)
+                continue
             loc = self._grow(req, n)
             assert loc is not None  # _admit checked the pages
             admitted.append(req)
-            reqs.append(req)
-            lens.append(n)
-            slots.append(loc)
+            rows.append((req, n, loc))
             budget -= n
-        if not reqs:
-            return None
-        return ScheduledStep(reqs, lens, torch.cat(slots))
+        for req in refused:
+            self._overtakes[id(req)] = self._overtakes.get(id(req), 0) + len(admitted)
 
     def _prefill_budget(self) -> int:
         size = self.limits.chunked_prefill_size
@@ -167,12 +201,22 @@ class Scheduler:
             return 1
         return n
 
-    def _chunk(self, req: Req, budget: int, first: bool) -> int:
-        """How many of the request's remaining tokens fit this step's prefill budget."""
+    def _chunk(self, remaining: int, budget: int, first: bool) -> int:
+        """How many of a request's remaining tokens fit this step's prefill budget."""
         if self.limits.chunked_prefill_size > 0:
-            return min(req.remaining, budget)
+            return min(remaining, budget)
         # Without chunking a prompt goes whole; the first one of a step may exceed the budget.
-        return req.remaining if (req.remaining <= budget or first) else 0
+        return remaining if (remaining <= budget or first) else 0
+
+    def _overdue(self, req: Req) -> bool:
+        return self._overtakes.get(id(req), 0) >= MAX_OVERTAKES
+
+    def _admission_order(self) -> list[Req]:
+        """Overdue requests in queue order, then the rest in the policy's order."""
+        overdue = [r for r in self.waiting if self._overdue(r)]
+        if not overdue:
+            return self._ordered_waiting()
+        return overdue + [r for r in self._ordered_waiting() if not self._overdue(r)]
 
     def _ordered_waiting(self) -> list[Req]:
         policy = self.limits.policy
@@ -228,37 +272,58 @@ class Scheduler:
         return req.fill_ids(0, end)
 
     def _admit(self, req: Req, budget: int, first: bool) -> int | None:
-        """Attach the cached prefix and a row; returns the chunk size, or None if it cannot run."""
-        if self.pool.rows_available() == 0:
-            return None
+        """Attach the cached prefix and a row; returns the chunk size (0 when the prefill budget
+        is spent), or None (nothing taken) when the pages for it lack now."""
         match = self.cache.match_prefix(self._matchable_ids(req))
         prefix = len(match.slots)
-        req.kv_len = prefix
-        n = self._chunk(req, budget, first)
-        self.cache.lock(match.last_node)  # before counting what eviction could free
-        # One page of headroom per running request so admitting does not force retraction.
-        need = self._pages_needed(req, n, prefix // self.pool.page_size) + len(self.running)
-        free = self.pool.available() + self.cache.evictable_size() // self.pool.page_size
-        if n == 0 or need > free:
+        n = self._chunk(req.fill_len - prefix, budget, first)
+        if n == 0:
+            return 0
+        # Locked first: the prefix is then not counted as evictable, nor as pages to allocate.
+        self.cache.lock(match.last_node)
+        if not self._fits(prefix, req.fill_len):
             self.cache.unlock(match.last_node)
-            req.kv_len = 0
             return None
+        self._attach(req, match)
+        return n
+
+    def _fits(self, prefix: int, end: int) -> bool:
+        """Whether pages for tokens [prefix, end) are free or evictable, keeping one page of
+        headroom per running request so that admitting does not force a retraction."""
+        need = self._pages_for(end) - prefix // self.pool.page_size + len(self.running)
+        return need <= self.pool.available() + self.cache.evictable_size() // self.pool.page_size
+
+    def _attach(self, req: Req, match: MatchResult) -> None:
+        """Move a request to running on its locked prefix, with a row of req_to_token."""
         self.waiting.remove(req)
+        self._overtakes.pop(id(req), None)
+        prefix = len(match.slots)
         req.last_node = match.last_node
-        req.cache_len = prefix
+        req.kv_len = req.cache_len = prefix
         req.pages = (match.slots[:: self.pool.page_size] // self.pool.page_size).tolist()
         req.row = self.pool.alloc_row()
         self.pool.req_to_token[req.row, :prefix] = match.slots.to(torch.int32)
         if req.retractions == 0:
             req.cached_tokens = min(prefix, len(req.prompt_ids))
         self.running.append(req)
-        return n
+
+    def _fail(self, req: Req, tokens: int) -> None:
+        """Finish a request with an abort, freeing its KV; the engine reports `failed`."""
+        req.finish_reason = {
+            "type": "abort",
+            "message": f"request needs {tokens} KV tokens; the pool holds "
+            f"{self.pool.capacity_tokens}, {self.pinned_tokens} of them in pinned prefixes",
+        }
+        self.remove(req)
+        self.failed.append(req)
 
     # -- KV pages ------------------------------------------------------------------------------
-    def _pages_needed(self, req: Req, n: int, have: int | None = None) -> int:
-        have = len(req.pages) if have is None else have
+    def _pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.pool.page_size)
+
+    def _pages_needed(self, req: Req, n: int) -> int:
         # Jump-forward may roll kv_len back, leaving pages that are reused for the new tokens.
-        return max(0, -(-(req.kv_len + n) // self.pool.page_size) - have)
+        return max(0, self._pages_for(req.kv_len + n) - len(req.pages))
 
     def _alloc_pages(self, n: int) -> list[int] | None:
         """Free pages, evicting cached prefixes first when the pool is short."""
@@ -288,7 +353,8 @@ class Scheduler:
 
         Running requests are scheduled oldest first, so the newer ones are not in this step
         yet. When the request is itself the newest it is retracted; when it is alone and still
-        does not fit, it can never fit and fails.
+        does not fit (only pinned prefixes can crowd it: the engine stops requests at the pool's
+        capacity), it fails.
         """
         while True:
             loc = self._grow(req, n)
@@ -300,13 +366,7 @@ class Scheduler:
                 self.retract(req)
                 return None
             else:
-                capacity = self.pool.capacity_pages * self.pool.page_size
-                req.finish_reason = {
-                    "type": "abort",
-                    "message": f"request needs {req.kv_len + n} KV tokens; the pool holds {capacity}",
-                }
-                self.remove(req)
-                self.failed.append(req)
+                self._fail(req, req.kv_len + n)
                 return None
 
     def retract(self, req: Req) -> None:

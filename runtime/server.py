@@ -5,15 +5,16 @@
     python -m radixflow.runtime.server [flags]   the same as `radixflow serve [flags]`
 
 Errors, for every route, are `{"error": {"message", "type", "param", "code"}}` (OpenAI's form);
-bad input is HTTP 400 naming the field.
+bad input is HTTP 400 naming the field. Keys and body size are checked before any route reads
+the body (`http_guard`); what one request may ask for is in `ServerLimits`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 import logging
-import secrets
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,11 +24,14 @@ import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 import radixflow
 from radixflow.runtime import openai_api
+from radixflow.runtime.http_guard import Keys, RequestGuard
 from radixflow.runtime.metrics import CONTENT_TYPE, ServerMetrics
 from radixflow.runtime.openai_protocol import AbortRequest, GenerateRequest
 from radixflow.runtime.serving import (
@@ -36,7 +40,9 @@ from radixflow.runtime.serving import (
     EngineStream,
     LogprobArgs,
     ServerContext,
+    ServerLimits,
     SSEResponse,
+    json_text,
     sse,
 )
 
@@ -45,24 +51,35 @@ logger = logging.getLogger(__name__)
 WARMUP_PROMPT = "The capital of France is"
 
 
+class StrictJSONResponse(JSONResponse):
+    """JSON that is valid everywhere: no NaN/Infinity, lone surrogates escaped."""
+
+    def render(self, content: Any) -> bytes:
+        return json_text(content).encode()
+
+
 def create_app(
     engine: Any,
     *,
     api_key: str | None = None,
+    admin_api_key: str | None = None,
     cors_origins: list[str] | None = None,
     served_model_name: str | None = None,
     owns_engine: bool = False,
+    limits: ServerLimits | None = None,
 ) -> FastAPI:
     """The app over `engine`. Startup runs a warm-up generation before /health turns 200;
     with `owns_engine`, shutdown aborts what is in flight and shuts the engine down."""
     metrics = ServerMetrics(engine)
     model_path = engine.config.model_path or str(engine.model_dir)
+    limits = limits or ServerLimits()
     ctx = ServerContext(
         engine=engine,
-        client=EngineClient(engine, metrics),
+        client=EngineClient(engine, metrics, limits),
         metrics=metrics,
         served_model_name=served_model_name or engine.config.model_path or Path(model_path).name,
         model_path=model_path,
+        keys=Keys(api_key, admin_api_key),
     )
 
     @asynccontextmanager
@@ -75,8 +92,22 @@ def create_app(
         if owns_engine:
             await asyncio.to_thread(engine.shutdown)
 
-    app = FastAPI(title="radixflow", version=radixflow.__version__, lifespan=lifespan)
+    app = FastAPI(
+        title="radixflow",
+        version=radixflow.__version__,
+        lifespan=lifespan,
+        default_response_class=StrictJSONResponse,
+        docs_url=None,  # served below from local assets, behind the key like every route
+        redoc_url=None,
+    )
     app.state.ctx = ctx
+    # Starlette runs the last-added middleware first: CORS answers preflights before the guard.
+    app.add_middleware(
+        RequestGuard,
+        keys=ctx.keys,
+        max_body_bytes=limits.max_body_bytes,
+        on_error=lambda status: metrics.errors.labels(str(status)).inc(),
+    )
     if cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -85,28 +116,44 @@ def create_app(
             allow_headers=["*"],
         )
     _add_error_handlers(app, metrics)
+    _add_docs(app)
     app.add_api_route("/health", health, methods=["GET"])
-    guarded = [Depends(_api_key_check(api_key))] if api_key else []
-    app.include_router(native_router, dependencies=guarded)
-    app.include_router(openai_api.router, dependencies=guarded)
+    app.include_router(native_router)
+    app.include_router(openai_api.router)
     return app
 
 
-def _api_key_check(api_key: str):
-    expected = f"Bearer {api_key}".encode()
+def _add_docs(app: FastAPI) -> None:
+    """/docs: Swagger UI from the `swagger-ui-py` package's files, so it works offline."""
+    spec = importlib.util.find_spec("swagger_ui")
+    assets = Path(spec.origin).parent / "static"
+    app.mount("/docs/assets", StaticFiles(directory=assets), name="docs-assets")
 
-    async def check(request: Request) -> None:
-        given = request.headers.get("authorization", "").encode()
-        if not secrets.compare_digest(given, expected):
-            raise APIError("invalid or missing API key", 401, type="authentication_error")
+    async def docs() -> Response:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url,
+            title=f"{app.title} - API",
+            swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+            swagger_css_url="/docs/assets/swagger-ui.css",
+            swagger_favicon_url="/docs/assets/favicon-32x32.png",
+        )
 
-    return check
+    app.add_api_route("/docs", docs, methods=["GET"], include_in_schema=False)
+
+
+async def require_admin(request: Request) -> None:
+    """Admin routes need the admin key when one is set (SGLang's --admin-api-key)."""
+    keys: Keys = request.app.state.ctx.keys
+    if not keys.allows_admin(request.headers.get("authorization", "")):
+        raise APIError(
+            "this route needs the admin API key (--admin-api-key)", 403, type="permission_error"
+        )
 
 
 def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     def answer(err: APIError) -> JSONResponse:
         metrics.errors.labels(str(err.status)).inc()
-        return JSONResponse(err.body(), status_code=err.status)
+        return StrictJSONResponse(err.body(), status_code=err.status)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -128,15 +175,21 @@ def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return answer(APIError(str(exc.detail), exc.status_code, type="not_found_error"))
+        kind = _ERROR_TYPES.get(exc.status_code, "invalid_request_error")
+        return answer(APIError(str(exc.detail), exc.status_code, type=kind))
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s", request.url.path)
-        return answer(APIError(f"internal error: {exc!r}", 500, type="server_error"))
+        # The exception stays in the log: its text can hold internals a client must not see.
+        return answer(
+            APIError("internal server error (see the server log)", 500, type="server_error")
+        )
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+# OpenAI's error types by status, for errors the framework raises (unknown route, method).
+_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 
 
 def _is_field(loc_part: object) -> bool:
@@ -200,7 +253,7 @@ async def server_info(request: Request) -> dict[str, Any]:
     }
 
 
-@native_router.api_route("/flush_cache", methods=["GET", "POST"])
+@native_router.post("/flush_cache", dependencies=[Depends(require_admin)])
 async def flush_cache(request: Request) -> Response:
     """Empty the radix cache; 400 while requests run (the engine refuses then)."""
     try:
@@ -212,9 +265,12 @@ async def flush_cache(request: Request) -> Response:
 
 @native_router.post("/abort_request")
 async def abort_request(body: AbortRequest, request: Request) -> dict[str, Any]:
-    """Abort a request by the rid it was sent with (or every request, with abort_all)."""
+    """Abort a request by the rid it was sent with (or every request, with abort_all: an
+    admin route)."""
     if not body.abort_all and not body.rid:
         raise APIError("give rid or abort_all: true", param="rid")
+    if body.abort_all:
+        await require_admin(request)
     client = request.app.state.ctx.client
     return {"aborted": client.abort(None if body.abort_all else body.rid)}
 
@@ -239,7 +295,7 @@ async def generate(body: GenerateRequest, request: Request):
     if body.text is not None:
         batched = isinstance(body.text, list)
         texts = body.text if batched else [body.text]
-        prompts = [client.check_ids(client.tokenize(t, "text"), "text") for t in texts]
+        prompts = [client.check_ids(await client.tokenize(t, "text"), "text") for t in texts]
     else:
         batched = bool(body.input_ids) and isinstance(body.input_ids[0], list)
         ids = body.input_ids if batched else [body.input_ids]
@@ -297,10 +353,12 @@ def serve(
     port: int = 30000,
     *,
     api_key: str | None = None,
+    admin_api_key: str | None = None,
     cors_origins: list[str] | None = None,
     served_model_name: str | None = None,
     log_level: str = "info",
     graceful_timeout: float = 30.0,
+    limits: ServerLimits | None = None,
 ) -> None:
     """Load an engine and serve it until SIGINT/SIGTERM.
 
@@ -313,9 +371,11 @@ def serve(
         app = create_app(
             engine,
             api_key=api_key,
+            admin_api_key=admin_api_key,
             cors_origins=cors_origins,
             served_model_name=served_model_name,
             owns_engine=True,
+            limits=limits,
         )
         config = uvicorn.Config(
             app,

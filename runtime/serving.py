@@ -1,10 +1,14 @@
 """The HTTP layer's view of the engine: validated sub-requests, merged streams, aborts, metrics.
 
 Every HTTP request becomes a list of `SubRequest`s, one per (prompt, sample) pair, each run as
-its own engine request with n=1 and a known rid, so that `/abort_request`, client disconnects
-and shutdown can stop exactly the engine requests an HTTP request owns:
+its own engine request with n=1, so that `/abort_request`, client disconnects and shutdown can
+stop exactly the engine requests an HTTP request owns:
 
-    HTTP request (rid R, 2 prompts, n=2) ─► R-0 R-1 R-2 R-3 ─► engine ─► results in that order
+    HTTP request (rid R, 2 prompts, n=2) ─► names R-0 R-1 R-2 R-3 (what responses show)
+                                            engine rids: random, never chosen by a client
+
+A client rid names one live HTTP request (a second one with the same rid is a 400); the engine
+rids behind it are random 128-bit tokens, so no client can guess or take over another's.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,8 +26,10 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from radixflow.runtime.http_guard import Keys
 from radixflow.runtime.metrics import ServerMetrics, StreamTimer
 from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.text import check_encodable
 
 
 class APIError(Exception):
@@ -65,44 +72,92 @@ class LogprobArgs:
     top_logprobs_num: int | None = None
 
 
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one HTTP request may ask for; each is a `radixflow serve` flag."""
+
+    max_body_bytes: int = 16 * 2**20
+    max_prompt_chars: int | None = None  # None: CHARS_PER_TOKEN x the context length
+    max_requests_per_call: int = 256  # prompts x n
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_prompt_chars", "max_requests_per_call"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+# Tokens longer than this many characters on average are rare enough to refuse such prompts
+# before tokenizing them (tokenizing megabytes holds a CPU for seconds).
+CHARS_PER_TOKEN = 16
+
+
 @dataclass
 class SubRequest:
-    """One engine request: token ids, n=1 sampling params and the index of its prompt."""
+    """One engine request: token ids, n=1 sampling params, the index of its prompt, the name
+    responses show for it and its (random) engine rid."""
 
     input_ids: list[int]
     params: dict[str, Any]
     prompt_index: int
-    rid: str = ""
+    name: str = ""
+    rid: str = field(default_factory=lambda: secrets.token_hex(16))
 
 
 @dataclass
 class Batch:
-    """The sub-requests of one HTTP request, in (prompt, sample) order, and the engine rids
-    each client-visible rid stands for."""
+    """The sub-requests of one HTTP request, in (prompt, sample) order, and the sub-request
+    names each client rid stands for."""
 
     subs: list[SubRequest]
     groups: dict[str, list[str]] = field(default_factory=dict)
 
 
+def json_text(payload: Any) -> str:
+    """Strict JSON (no NaN or Infinity) that encodes as UTF-8: a lone surrogate a client sent,
+    echoed in an error, is written as its escape."""
+    text = json.dumps(payload, ensure_ascii=False, allow_nan=False)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = json.dumps(payload, allow_nan=False)
+    return text
+
+
 def sse(payload: dict[str, Any]) -> str:
     """One server-sent event carrying a JSON object."""
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+    return f"data: {json_text(payload)}\n\n"
 
 
 class EngineClient:
     """Runs batches on the engine; tracks in-flight rids; records metrics."""
 
-    def __init__(self, engine: Any, metrics: ServerMetrics) -> None:
+    def __init__(self, engine: Any, metrics: ServerMetrics, limits: ServerLimits) -> None:
         self.engine = engine
         self.metrics = metrics
-        self.inflight: dict[str, list[str]] = {}
+        self.limits = limits
+        self.max_prompt_chars = limits.max_prompt_chars or CHARS_PER_TOKEN * engine.context_length
+        self.inflight: dict[str, list[SubRequest]] = {}  # client rid -> its sub-requests
         self._token_texts: dict[int, str] = {}
 
     # -- building ---------------------------------------------------------------------------
-    def tokenize(self, text: str, field_name: str, add_special_tokens: bool = True) -> list[int]:
+    async def tokenize(
+        self, text: str, field_name: str, add_special_tokens: bool = True
+    ) -> list[int]:
+        """Token ids of a prompt, refused before any work when it is too long or not valid
+        Unicode; tokenized off the event loop, so other requests go on meanwhile."""
         if not isinstance(text, str):
             raise APIError(f"{field_name} must be a string", param=field_name)
-        return self.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        if len(text) > self.max_prompt_chars:
+            raise APIError(
+                f"{field_name}: the prompt has {len(text)} characters; this server accepts at "
+                f"most {self.max_prompt_chars} (--max-prompt-chars)",
+                param=field_name,
+            )
+        _check_encodable(text, field_name)
+        return await asyncio.to_thread(
+            self.engine.tokenizer.encode, text, add_special_tokens=add_special_tokens
+        )
 
     def detokenize(self, ids: list[int]) -> str:
         return self.engine.tokenizer.decode(ids)
@@ -115,19 +170,10 @@ class EngineClient:
         return text
 
     def check_ids(self, ids: list[int], field_name: str) -> list[int]:
-        vocab, context = self.engine.vocab_size, self.engine.context_length
-        if not ids:
-            raise APIError(f"{field_name}: the prompt is empty", param=field_name)
-        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
-            raise APIError(
-                f"{field_name}: token ids must be integers in [0, {vocab})", param=field_name
-            )
-        if len(ids) >= context:
-            raise APIError(
-                f"{field_name}: the prompt ({len(ids)} tokens) is longer than the model's context "
-                f"length ({context} tokens)",
-                param=field_name,
-            )
+        try:
+            self.engine.check_prompt(ids)
+        except ValueError as exc:
+            raise APIError(f"{field_name}: {exc}", param=field_name) from None
         return ids
 
     def build(
@@ -150,12 +196,20 @@ class EngineClient:
         for p in params:
             try:
                 sp = SamplingParams.from_dict(p)
-                sp.validate(self.engine.vocab_size)
+                sp.validate(self.engine.vocab_size, self.engine.model_context_length)
             except (ValueError, TypeError) as exc:
                 err = APIError.from_value_error(ValueError(str(exc)), "sampling_params")
                 err.param = (param_names or {}).get(err.param, err.param)
                 raise err from None
             copies.append([_one_sample(p or {}, sp, i) for i in range(sp.n)])
+        total = sum(len(c) for c in copies)
+        if total > self.limits.max_requests_per_call:
+            raise APIError(
+                f"this request asks for {total} generations (prompts x n); this server runs "
+                f"at most {self.limits.max_requests_per_call} per call "
+                "(--max-requests-per-call)",
+                param="n",
+            )
         subs = [
             SubRequest(ids, c, i)
             for i, (ids, cs) in enumerate(zip(prompts, copies, strict=True))
@@ -163,13 +217,16 @@ class EngineClient:
         ]
         batch = Batch(subs, self._rid_groups(rid, len(prompts), subs))
         for name, sub in zip((n for g in batch.groups.values() for n in g), subs, strict=True):
-            sub.rid = name
+            sub.name = name
         return batch
 
     def _rid_groups(
         self, rid: str | list[str] | None, n_prompts: int, subs: list[SubRequest]
     ) -> dict[str, list[str]]:
         """Client rid -> engine rids: `R` for a lone request, `R-0`, `R-1`, ... for its samples."""
+        for r in rid if isinstance(rid, list) else [rid]:
+            if isinstance(r, str):
+                _check_encodable(r, "rid")
         if isinstance(rid, list):
             if len(rid) != n_prompts or not all(isinstance(r, str) and r for r in rid):
                 raise APIError("rid must hold one non-empty string per prompt", param="rid")
@@ -185,9 +242,6 @@ class EngineClient:
                 raise APIError("rid must be a non-empty string", param="rid")
             key = rid or uuid.uuid4().hex
             groups = {key: [key] if len(subs) == 1 else [f"{key}-{i}" for i in range(len(subs))]}
-        for key in groups:
-            if key in self.inflight:
-                raise APIError(f"rid {key!r} is already in use", param="rid")
         return groups
 
     # -- running ----------------------------------------------------------------------------
@@ -207,6 +261,7 @@ class EngineClient:
             watcher.cancel()
             if not ok:  # gather leaves siblings of a failed request running: stop them all
                 work.cancel()
+                work.add_done_callback(_retrieve)  # its error (if any) is answered already
                 for s in batch.subs:
                     self.engine.abort(s.rid)
             self._release(batch)
@@ -215,7 +270,7 @@ class EngineClient:
         return results
 
     async def _one(self, sub: SubRequest, logprob: LogprobArgs) -> dict:
-        return await self.engine.async_generate(
+        result = await self.engine.async_generate(
             input_ids=sub.input_ids,
             sampling_params=sub.params,
             return_logprob=logprob.return_logprob,
@@ -223,6 +278,7 @@ class EngineClient:
             top_logprobs_num=logprob.top_logprobs_num,
             rid=sub.rid,
         )
+        return _named(result, sub)
 
     async def stream(self, batch: Batch, logprob: LogprobArgs) -> EngineStream:
         """Start every sub-request now and return their merged stream.
@@ -253,19 +309,27 @@ class EngineClient:
         return EngineStream(self, batch, iters)
 
     def abort(self, rid: str | None) -> int:
-        """Abort the HTTP request registered under `rid` (all of them for None)."""
+        """Abort the HTTP request registered under the client rid `rid` (all for None)."""
         keys = list(self.inflight) if rid is None else [rid]
-        names = [name for key in keys for name in self.inflight.get(key, [])]
-        for name in names:
-            self.engine.abort(name)
-        return len(names)
+        subs = [sub for key in keys for sub in self.inflight.get(key, [])]
+        for sub in subs:
+            self.engine.abort(sub.rid)
+        return len(subs)
 
     def _register(self, batch: Batch) -> None:
-        self.inflight.update(batch.groups)
+        """Claim the batch's client rids; a 400 if one names a request still running."""
+        for key in batch.groups:
+            if key in self.inflight:
+                raise APIError(f"rid {key!r} is already in use by a running request", param="rid")
+        by_name = {sub.name: sub for sub in batch.subs}
+        for key, names in batch.groups.items():
+            self.inflight[key] = [by_name[n] for n in names]
 
     def _release(self, batch: Batch) -> None:
         for key in batch.groups:
-            self.inflight.pop(key, None)
+            registered = self.inflight.get(key)
+            if registered and any(registered[0] is sub for sub in batch.subs):
+                del self.inflight[key]
 
 
 class EngineStream:
@@ -295,7 +359,7 @@ class EngineStream:
                 if meta["finish_reason"] is not None:
                     self.finished.add(i)
                     self.client.metrics.observe_finished(item, streamed=True)
-                yield i, item
+                yield i, _named(item, self.batch.subs[i])
         finally:
             for t in tasks:
                 t.cancel()
@@ -335,6 +399,7 @@ class ServerContext:
     metrics: ServerMetrics
     served_model_name: str
     model_path: str
+    keys: Keys
     started: int = field(default_factory=lambda: int(time.time()))
     ready: bool = False
 
@@ -347,6 +412,24 @@ def _one_sample(raw: dict[str, Any], sp: SamplingParams, i: int) -> dict[str, An
     if sp.seed is not None:
         out["seed"] = (sp.seed + i) % 2**64
     return out
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _check_encodable(text: str, field_name: str) -> None:
+    try:
+        check_encodable(text, field_name)
+    except ValueError as exc:
+        raise APIError(str(exc), param=field_name) from None
+
+
+def _named(result: dict[str, Any], sub: SubRequest) -> dict[str, Any]:
+    """The engine's result under the name the client knows (never the engine rid)."""
+    result["meta_info"]["id"] = sub.name
+    return result
 
 
 async def _wait_disconnect(request: Request) -> None:

@@ -1,7 +1,7 @@
 """A radixflow server on 127.0.0.1 (a free port) in a background thread, for the server tests.
 
-Test modules load this as a plugin (`pytest_plugins = ["server_harness"]`) and use its
-fixtures and the helpers they return; they do not import it.
+Test modules load this as a plugin (`pytest_plugins = ["server_harness"]`) for its fixtures,
+and import its plain helpers (`sse_events`, `wait_idle`, `kv_all_free`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,27 @@ import uvicorn
 
 import radixflow as rf
 from radixflow.runtime.server import create_app
+
+
+def sse_events(lines):
+    """The data payloads of a server-sent event stream."""
+    for line in lines:
+        if line.startswith("data: "):
+            yield line[len("data: ") :]
+
+
+def wait_idle(engine, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while engine.scheduler.running or engine.scheduler.waiting:
+        assert time.monotonic() < deadline, "the engine still has requests"
+        time.sleep(0.02)
+
+
+def kv_all_free(http, engine) -> None:
+    """No request left and, once the prefix cache is emptied, every KV page free."""
+    wait_idle(engine)
+    assert http.post("/flush_cache").status_code == 200
+    assert engine.kv_pages_free() == engine.kv_pages_total()
 
 
 @dataclass

@@ -10,26 +10,12 @@ import time
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from server_harness import kv_all_free, sse_events, wait_idle
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["server_harness"]  # fixtures: engine, server, http
 
 PROMPT = "The capital of France is"
-
-
-def sse_events(lines):
-    """The data payloads of a server-sent event stream."""
-    for line in lines:
-        if line.startswith("data: "):
-            yield line[len("data: ") :]
-
-
-def wait_idle(engine, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while engine.scheduler.running or engine.scheduler.waiting:
-        assert time.monotonic() < deadline, "the engine still has requests"
-        time.sleep(0.02)
-
 
 GREEDY = {"max_new_tokens": 6, "temperature": 0}
 
@@ -38,13 +24,6 @@ def _generate(http, **body):
     r = http.post("/generate", json=body)
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def _kv_all_free(http, engine) -> None:
-    """No request left and, once the prefix cache is emptied, every KV page free."""
-    wait_idle(engine)
-    assert http.post("/flush_cache").status_code == 200
-    assert engine.kv_pages_free() == engine.kv_pages_total()
 
 
 def test_generate_matches_engine(http, engine):
@@ -152,7 +131,7 @@ def test_flush_cache_refuses_while_running(http, engine):
         next(events)
         refused = http.post("/flush_cache")
         assert refused.status_code == 400 and "flush" in refused.json()["error"]["message"]
-    _kv_all_free(http, engine)
+    kv_all_free(http, engine)
 
 
 def test_abort_request(http, engine):
@@ -199,7 +178,7 @@ def test_disconnect_mid_stream_aborts_and_frees_kv(server, engine):
     assert time.monotonic() - start < 10
     assert engine.stats["completion_tokens"] - before < 500
     with httpx.Client(base_url=server.url) as client:
-        _kv_all_free(client, engine)
+        kv_all_free(client, engine)
 
 
 def test_disconnect_while_waiting_aborts(server, engine):

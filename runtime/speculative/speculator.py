@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from radixflow.grammars import GrammarBudgetExceeded, GrammarMatcher
 from radixflow.kernels.bitmask import apply_token_bitmask, apply_token_bitmask_ref
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.model_runner import ModelRunner
@@ -116,8 +117,22 @@ class Speculator:
         self.proposer.release(req)
 
     def _grammar_prefix(self, req: Req, state: SpecState, drafts: list[int]) -> list[int]:
-        """The drafts the grammar accepts in a row; records each position's mask for verify."""
+        """The drafts the grammar accepts in a row; records each position's mask for verify.
+
+        No drafts when the grammar exceeds its budget: its matcher stays failed, so the
+        request's plain decode step aborts it.
+        """
         grammar = req.grammar
+        start = grammar.num_accepted
+        try:
+            return self._accepted_drafts(grammar, state, drafts)
+        except GrammarBudgetExceeded:
+            grammar.rollback(grammar.num_accepted - start)
+            return []
+
+    def _accepted_drafts(
+        self, grammar: GrammarMatcher, state: SpecState, drafts: list[int]
+    ) -> list[int]:
         kept = 0
         for token in drafts:
             if not grammar.accept(token):
