@@ -562,6 +562,7 @@ class SoakResult:
     flushed: int
     kv_used: int
     growth: float
+    grammar_cache_mib: float  # cached compiled grammars just before the flush
 
     @property
     def status(self) -> dict:
@@ -619,19 +620,24 @@ def soak_once(args: argparse.Namespace, url: str, adversarial: int) -> SoakResul
         if time.monotonic() > deadline:
             break
         time.sleep(0.5)
+    grammar_cache_mib = metric(url, "radixflow_grammar_cache_bytes") / 2**20
     flushed = httpx.post(url + "/flush_cache", timeout=60).status_code
     used = int(metric(url, "radixflow_kv_pages_used"))
     # flat: after the first quarter (allocator and caches warm), growth stays under 10%
     growth = (max(rss[2:]) - rss[1]) / rss[1]
-    return SoakResult(stats, rss, flushed, used, growth)
+    return SoakResult(stats, rss, flushed, used, growth, grammar_cache_mib)
 
 
 def _ms(x: float) -> str:
     return f"{x:.0f}"
 
 
+def _rss(res: SoakResult) -> str:
+    return " / ".join(f"{x / 2**20:.0f}" for x in (res.rss[0], res.rss[1], res.rss[-1]))
+
+
 def soak_rows(res: SoakResult) -> list[list[object]]:
-    stats, rss = res.stats, res.rss
+    stats = res.stats
     return [
         ["requests (normal clients)", sum(stats["status"].values())],
         ["completed streams", stats["completed"]],
@@ -645,11 +651,9 @@ def soak_rows(res: SoakResult) -> list[list[object]]:
         ["adversarial timeouts + transport errors", res.adversarial_failures],
         ["flush_cache after", res.flushed],
         ["KV pages in use after flush", res.kv_used],
-        [
-            "RSS start / after 1st quarter / end MiB",
-            " / ".join(f"{x / 2**20:.0f}" for x in (rss[0], rss[1], rss[-1])),
-        ],
+        ["RSS start / after 1st quarter / end MiB", _rss(res)],
         ["RSS growth after 1st quarter", f"{100 * res.growth:.1f}%"],
+        ["grammar cache MiB before flush", f"{res.grammar_cache_mib:.0f}"],
     ]  # fmt: skip
 
 
@@ -718,7 +722,9 @@ def compare_adversarial(args: argparse.Namespace, url: str) -> bool:
         ["transport errors (normal)", len(base.stats["transport_errors"]), len(adv.stats["transport_errors"]), ""],
         ["adversarial timeouts + transport errors", 0, adv.adversarial_failures, ""],
         ["KV pages in use after flush", base.kv_used, adv.kv_used, ""],
+        ["RSS start / after 1st quarter / end MiB", _rss(base), _rss(adv), ""],
         ["RSS growth after 1st quarter", f"{100 * base.growth:.1f}%", f"{100 * adv.growth:.1f}%", ""],
+        ["grammar cache MiB before flush", f"{base.grammar_cache_mib:.0f}", f"{adv.grammar_cache_mib:.0f}", ""],
     ]  # fmt: skip
     print()
     print(

@@ -35,7 +35,7 @@ class GrammarLimits:
     max_state_size: int = 50_000  # NFA states in one DFA state, elements in one grammar state
     max_earley_items: int = 10_000  # items in one Earley set
     max_chart_items: int = 1_000_000  # items in all of a grammar's Earley sets
-    max_mb: float = 256.0  # MiB a grammar's automata may grow by after compilation
+    max_mb: float = 128.0  # MiB a grammar's automata may grow by after compilation
     step_timeout: float = 5.0  # seconds of automaton work in one matcher call
 
     def __post_init__(self) -> None:

@@ -24,6 +24,10 @@ from .tokenizer_index import get_tokenizer_index
 Build = Callable[[Deadline], ByteAutomaton]  # makes a source's automaton within a deadline
 
 
+# MiB of compiled grammars kept; a grammar past it on its own stays only while in use.
+DEFAULT_CACHE_MB = 256.0
+
+
 class GrammarCompiler:
     """Compile regexes, JSON Schemas, Lark/GBNF grammars and choice lists for one tokenizer.
 
@@ -45,7 +49,7 @@ class GrammarCompiler:
         eos_token_ids: Sequence[int] | None = None,
         compile_timeout: float = 10.0,
         limits: GrammarLimits | None = None,
-        cache_mb: float = 512.0,
+        cache_mb: float = DEFAULT_CACHE_MB,
         import_paths: Sequence[str] = (),
     ):
         self.index = get_tokenizer_index(tokenizer, vocab_size, eos_token_ids)

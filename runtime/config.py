@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixflow.grammars import GrammarLimits
+from radixflow.grammars.compiler import DEFAULT_CACHE_MB
 
 _GRAMMAR = GrammarLimits()  # the grammar_<limit> knobs' defaults
 
@@ -74,7 +75,8 @@ class EngineConfig:
     )
     grammar_max_mb: float = _knob(_GRAMMAR.max_mb, "MiB one grammar may grow by after compiling")
     grammar_cache_mb: float = _knob(
-        512.0, "MiB of compiled grammars kept by source; least recently used dropped first"
+        DEFAULT_CACHE_MB,
+        "MiB of compiled grammars kept by source; least recently used dropped first",
     )
     grammar_compile_workers: int = _knob(
         8, "threads compiling grammars at once (a cached grammar never waits for them)"

@@ -159,6 +159,11 @@ class GrammarBackend:
         apply(logits, torch.from_numpy(bitmask).to(logits.device))
         return failed
 
+    def cache_nbytes(self) -> int:
+        """Bytes the cached compiled grammars hold now."""
+        compiler = self._compiler
+        return 0 if compiler is None else compiler.cache_nbytes
+
     def flush(self) -> None:
         """Drop every cached compiled grammar (running requests keep theirs)."""
         with self._compiler_lock:

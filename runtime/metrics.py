@@ -95,6 +95,9 @@ class ServerMetrics:
             "radixflow_pinned_tokens", "Prompt tokens pinned in the radix cache", registry=r
         ).set_function(lambda: stats["pinned_tokens"])
         Gauge(
+            "radixflow_grammar_cache_bytes", "Bytes held by cached compiled grammars", registry=r
+        ).set_function(engine.grammars.cache_nbytes)
+        Gauge(
             "radixflow_spec_accept_length",
             "Tokens emitted per speculative verify step (accepted drafts + 1) since start",
             registry=r,

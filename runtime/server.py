@@ -285,7 +285,8 @@ async def metrics(request: Request) -> Response:
     return Response(request.app.state.ctx.metrics.render(), media_type=CONTENT_TYPE)
 
 
-@native_router.api_route("/generate", methods=["POST", "PUT"])
+@native_router.post("/generate")
+@native_router.put("/generate", include_in_schema=False)
 async def generate(body: GenerateRequest, request: Request):
     """SGLang's /generate: text or input_ids, one or a batch; SSE with cumulative text."""
     ctx: ServerContext = request.app.state.ctx
