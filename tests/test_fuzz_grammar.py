@@ -26,7 +26,7 @@ from typing import Any
 import jsonschema
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from tiny_models import tiny_tokenizer
@@ -36,14 +36,6 @@ from radixflow.grammars import CompileTimeout, GrammarCompiler, allocate_token_b
 COMPILE_TIMEOUT = 1.0  # seconds, the compiler's own limit
 SLACK = 4.0  # a loaded CI machine (2 cores, shared) may overrun the limit by this much
 WALK_BOUND = 20.0  # seconds for all the matcher walks of one example
-
-FUZZ = settings(
-    derandomize=True,
-    database=None,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +169,7 @@ def _is_valid_python_regex(pattern: str) -> bool:
 
 
 @pytest.mark.slow
-@settings(FUZZ, max_examples=300)
+@settings(max_examples=300)
 @given(pattern=REGEXES, data=st.data())
 def test_random_regexes_compile_cleanly_and_agree_with_re(compiler, pattern, data):
     tok, gc = compiler
@@ -414,7 +406,7 @@ def probe_values(schema) -> list:
 
 
 @pytest.mark.slow
-@settings(FUZZ, max_examples=200)
+@settings(max_examples=200)
 @given(schema=SCHEMAS, seeds=st.lists(st.integers(0, 2**32), min_size=2, max_size=3))
 @example(schema={"oneOf": [{"const": 0.5}, {"type": "number"}]}, seeds=[0, 1])
 def test_random_schemas_compile_cleanly_and_walks_validate(compiler, schema, seeds):

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from server_harness import kv_all_free, sse_events, start_server
@@ -37,14 +37,6 @@ ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions", "/abort_reques
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
-)
-
-FUZZ = settings(
-    derandomize=True,
-    database=None,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
 
@@ -539,7 +531,7 @@ def raw_requests(draw):
 
 # -- the tests --------------------------------------------------------------------------------
 def test_random_json_bodies_get_clean_answers(http, engine):
-    @settings(FUZZ, max_examples=250)
+    @settings(max_examples=250)
     @given(request=structured_requests())
     def run(request):
         route, content = request
@@ -551,7 +543,7 @@ def test_random_json_bodies_get_clean_answers(http, engine):
 
 
 def test_random_raw_bodies_get_clean_answers(http, engine):
-    @settings(FUZZ, max_examples=150)
+    @settings(max_examples=150)
     @given(request=raw_requests())
     def run(request):
         method, route, content, ctype = request
