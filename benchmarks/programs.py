@@ -31,6 +31,7 @@ from common import passage, print_table  # noqa: E402
 
 import radixflow as rf  # noqa: E402
 from radixflow.frontend.backend import Backend, Prompt, RequestError  # noqa: E402
+from radixflow.frontend.choices import call_method  # noqa: E402
 from radixflow.frontend.ir import GenArgs  # noqa: E402
 
 # -- workloads --------------------------------------------------------------------------------
@@ -240,7 +241,7 @@ class TransformersBackend(Backend):
             )
         if method.requires_unconditional_logprobs:
             raise RequestError("the transformers executor scores conditional logprobs only")
-        return method(choices=choices, input_token_logprobs=scored)
+        return call_method(method, choices, scored)
 
     def pin_prefix(self, text: str) -> None:
         """Nothing is cached: this executor re-encodes every prompt."""

@@ -18,13 +18,16 @@ from radixflow.frontend.api import (
     gen_int,
     gen_string,
     get_server_info,
+    image,
     select,
+    separate_reasoning,
     system,
     system_begin,
     system_end,
     user,
     user_begin,
     user_end,
+    video,
 )
 from radixflow.frontend.backend import Backend, RequestError
 from radixflow.frontend.chat_template import ChatTemplate
@@ -36,8 +39,9 @@ from radixflow.frontend.choices import (
     unconditional_likelihood_normalized,
 )
 from radixflow.frontend.endpoint import RuntimeEndpoint
+from radixflow.frontend.global_config import GlobalConfig, global_config
 from radixflow.frontend.interpreter import ProgramError, ProgramState, ProgramStateGroup
-from radixflow.frontend.openai_backend import OpenAI
+from radixflow.frontend.openai_backend import OpenAI, TokenUsage
 from radixflow.frontend.program import (
     SglFunction,
     function,
@@ -52,6 +56,7 @@ __all__ = [
     "ChatTemplate",
     "ChoicesDecision",
     "ChoicesSamplingMethod",
+    "GlobalConfig",
     "OpenAI",
     "ProgramError",
     "ProgramState",
@@ -61,6 +66,7 @@ __all__ = [
     "Runtime",
     "RuntimeEndpoint",
     "SglFunction",
+    "TokenUsage",
     "assistant",
     "assistant_begin",
     "assistant_end",
@@ -71,8 +77,11 @@ __all__ = [
     "gen_string",
     "get_default_backend",
     "get_server_info",
+    "global_config",
     "greedy_token_selection",
+    "image",
     "select",
+    "separate_reasoning",
     "set_default_backend",
     "system",
     "system_begin",
@@ -82,4 +91,5 @@ __all__ = [
     "user",
     "user_begin",
     "user_end",
+    "video",
 ]

@@ -11,12 +11,16 @@ from radixflow.frontend.ir import (
     ExprList,
     Gen,
     GenArgs,
+    Image,
     RoleBegin,
     RoleEnd,
     Select,
+    SeparateReasoning,
+    Video,
     to_expr,
 )
 from radixflow.frontend.program import resolve_backend
+from radixflow.runtime.reasoning_parser import REASONING_PARSERS
 
 
 def gen(
@@ -26,6 +30,7 @@ def gen(
     n: int | None = None,
     stop: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -65,6 +70,7 @@ def gen(
             n=n,
             stop=stop,
             stop_token_ids=stop_token_ids,
+            stop_regex=stop_regex,
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
@@ -85,14 +91,72 @@ def gen(
     )
 
 
-def gen_int(name: str | None = None, **kwargs: Any) -> Expr:
-    """`gen` constrained to an integer."""
-    return gen(name, dtype=int, **kwargs)
+# SGLang's positional order for gen_int / gen_string after `name`
+_TYPED_GEN_ORDER = (
+    "max_tokens",
+    "n",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "ignore_eos",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+)
 
 
-def gen_string(name: str | None = None, **kwargs: Any) -> Expr:
-    """`gen` constrained to a double-quoted string."""
-    return gen(name, dtype=str, **kwargs)
+def _typed_gen(dtype: type, name: str | None, args: tuple, kwargs: dict[str, Any]) -> Expr:
+    if len(args) > len(_TYPED_GEN_ORDER):
+        raise ValueError(f"too many positional arguments: {len(args)}")
+    positional = dict(zip(_TYPED_GEN_ORDER, args, strict=False))
+    clash = sorted(positional.keys() & kwargs.keys())
+    if clash:
+        raise ValueError(f"argument(s) given twice: {', '.join(clash)}")
+    return gen(name, dtype=dtype, **positional, **kwargs)
+
+
+def gen_int(name: str | None = None, *args: Any, **kwargs: Any) -> Expr:
+    """`gen` constrained to an integer (SGLang's argument order)."""
+    return _typed_gen(int, name, args, kwargs)
+
+
+def gen_string(name: str | None = None, *args: Any, **kwargs: Any) -> Expr:
+    """`gen` constrained to a double-quoted string (SGLang's argument order)."""
+    return _typed_gen(str, name, args, kwargs)
+
+
+def image(expr: str) -> Image:
+    """An image in the prompt. Running it fails clearly: radixflow serves text-only models."""
+    if not isinstance(expr, str):
+        raise ValueError(f"image takes a path or URL string, got {type(expr).__name__}")
+    return Image(expr)
+
+
+def video(path: str, num_frames: int) -> Video:
+    """A video in the prompt. Running it fails clearly: radixflow serves text-only models."""
+    if not isinstance(path, str):
+        raise ValueError(f"video takes a path string, got {type(path).__name__}")
+    return Video(path, num_frames)
+
+
+def separate_reasoning(expr: object | None = None, model_type: str | None = None) -> ExprList:
+    """Run `expr`, then move the `<think>...</think>` part of each gen it holds from `name`
+    into `name_reasoning_content` (and out of the text), as SGLang's does."""
+    if model_type not in REASONING_PARSERS:
+        raise ValueError(
+            f"model_type must be one of {sorted(REASONING_PARSERS)}, got {model_type!r}"
+        )
+    if expr is None:
+        raise ValueError("separate_reasoning needs an expression, e.g. gen('answer')")
+    inner = to_expr(expr)
+    return ExprList([inner, SeparateReasoning(model_type, inner)])
 
 
 def select(

@@ -57,6 +57,11 @@ class Backend(ABC):
         if handle is not None:
             raise TypeError(f"{type(self).__name__} pins nothing, yet got the pin {handle!r}")
 
+    def cache_prefix(self, prefix: str) -> None:
+        """SGLang's `cache_prefix`: compute `prefix` once so later requests can reuse it (a
+        hint: the cache may evict it later)."""
+        self.unpin_prefix(self.pin_prefix(prefix))
+
     @abstractmethod
     def flush_cache(self) -> None:
         """Drop every cached prefix."""
@@ -110,6 +115,33 @@ def with_token_text(meta: dict[str, Any], decode: Callable[[int], str]) -> dict[
                 for row in meta[key]
             ]
     return meta
+
+
+# meta_info lists with one entry per output token: a stream chunk carries only its own
+PER_TOKEN_META = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
+
+
+@dataclass
+class StreamSlicer:
+    """Turns a stream of cumulative outputs into (new text, meta info of this chunk): the
+    per-output-token lists keep only the new tokens' entries, as SGLang's streams send them.
+    Lists a server already sent incrementally (shorter than `output_token_logprobs_length`)
+    pass through."""
+
+    text_sent: int = 0
+    tokens_sent: int = 0
+
+    def step(self, text: str, meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        delta = text[self.text_sent :]
+        self.text_sent = max(self.text_sent, len(text))
+        meta = dict(meta)
+        total = meta.get("output_token_logprobs_length")
+        if total is not None:
+            for key in PER_TOKEN_META:
+                if key in meta and len(meta[key]) == total:
+                    meta[key] = meta[key][self.tokens_sent :]
+            self.tokens_sent = total
+        return delta, meta
 
 
 def as_token_logprobs(entries: list[Any]) -> TokenLogprobs:

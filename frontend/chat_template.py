@@ -1,20 +1,30 @@
 """Role markers for `system`/`user`/`assistant`, read off the tokenizer's own chat template.
 
-The template is rendered with sentinel contents; the text around each sentinel is that role's
-prefix and suffix. So text built from the markers is exactly what `apply_chat_template` makes of
-`state.messages()`, including a default system prompt the template inserts on its own.
+The template is rendered with sentinel contents and the renderings are diffed, per position in
+the conversation (the roles that came before), so the markers follow what templates inject:
+a default system prompt or a dated system header before the first user turn (Qwen2.5,
+Llama-3.1), BOS on the first message only, `<think>` blocks in the generation prompt (Qwen3
+with `enable_thinking`), or a system message merged into the first user turn for templates
+that refuse a system role (Gemma, Mistral). The assistant's prefix is the template's own
+generation prompt, so the text before each `gen` is exactly what
+`apply_chat_template(messages, add_generation_prompt=True)` gives.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from radixflow.runtime.chat_templates import apply_template_override, render_chat
 
 logger = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant")
-_SENTINEL = {"system": "\x00SYS\x00", "user": "\x00USR\x00", "assistant": "\x00AST\x00"}
+_FIX = "pass a template that accepts it: --chat-template NAME|FILE or Runtime(chat_template=...)"
+# the role most programs put next, to tell a message's suffix from the next one's prefix
+_NEXT = {"system": "user", "user": "assistant", "assistant": "user"}
 
 
 @dataclass
@@ -47,42 +57,139 @@ PLAIN_TEMPLATE = ChatTemplate(
     },
 )
 
+Render = Callable[[list[dict[str, Any]], bool], str]
 
-def chat_template_from_tokenizer(tokenizer: Any) -> ChatTemplate:
-    """The tokenizer's template as role markers; PLAIN_TEMPLATE (with a warning) if it has none."""
+
+def _sentinel(i: int) -> str:
+    return f"\x00M{i}\x00"
+
+
+@dataclass
+class JinjaChatTemplate(ChatTemplate):
+    """Markers computed from a jinja template for each sequence of roles (cached)."""
+
+    render: Render | None = None
+    _markers: dict[tuple[tuple[str, ...], str], tuple[str, str]] = field(
+        default_factory=dict, repr=False
+    )
+    _last_error: str = field(default="", repr=False)
+
+    def get_prefix_and_suffix(self, role: str, history: list[dict[str, Any]]) -> tuple[str, str]:
+        if role not in ROLES:
+            raise ValueError(f"chat template {self.name!r} has no role {role!r}")
+        if any("role" not in m for m in history):  # a tracer's placeholder history
+            return super().get_prefix_and_suffix(role, history)
+        return self.markers(tuple(m["role"] for m in history), role)
+
+    def markers(self, roles: tuple[str, ...], role: str) -> tuple[str, str]:
+        key = (roles, role)
+        if key not in self._markers:
+            self._markers[key] = self._probe(roles, role)
+        return self._markers[key]
+
+    def _probe(self, roles: tuple[str, ...], role: str) -> tuple[str, str]:
+        history = [{"role": r, "content": _sentinel(i)} for i, r in enumerate(roles)]
+        this = {"role": role, "content": _sentinel(len(roles))}
+        follow = {"role": _NEXT[role], "content": _sentinel(len(roles) + 1)}
+        self._last_error = ""
+        alone = self._try(history + [this])
+        followed = self._try(history + [this, follow])
+        with_prompt = self._try(history, generation_prompt=True) if role == "assistant" else None
+        if with_prompt is not None:
+            start = with_prompt
+        else:
+            start = alone if alone is not None and this["content"] in alone else followed
+        prefix = None if start is None else self._new_text(start, roles)
+        if with_prompt is None and prefix is not None:
+            prefix, found, _ = prefix.partition(this["content"])
+            prefix = prefix if found else None
+        if prefix is None:
+            raise ValueError(
+                f"chat template {self.name!r}: cannot read the {role!r} markers after "
+                f"{list(roles) or 'nothing'} (the template refuses that order of roles or "
+                f"changes the turns before it{'; ' + self._last_error if self._last_error else ''}"
+                f"); {_FIX}"
+            )
+        tails = [
+            text.partition(this["content"])[2].partition(follow["content"])[0]
+            for text in (alone, followed)
+            if text is not None and this["content"] in text
+        ]
+        return prefix, _common_prefix(tails)
+
+    def _new_text(self, rendered: str, roles: tuple[str, ...]) -> str | None:
+        """What `rendered` adds after the last of the earlier messages and its suffix. Only
+        the tail counts: templates may rewrite earlier turns (Qwen3 drops old think blocks)."""
+        if not roles:
+            return rendered
+        positions = [rendered.find(_sentinel(i)) for i in range(len(roles))]
+        if min(positions) < 0 or positions != sorted(positions):
+            return None  # a turn dropped or moved
+        tail = rendered.partition(_sentinel(len(roles) - 1))[2]
+        suffix = self.markers(roles[:-1], roles[-1])[1]
+        return tail[len(suffix) :] if tail.startswith(suffix) else None
+
+    def _try(self, messages: list[dict[str, Any]], generation_prompt: bool = False) -> str | None:
+        if not messages and not generation_prompt:
+            return ""
+        assert self.render is not None
+        try:
+            return self.render(messages, generation_prompt)
+        except Exception as exc:  # a template's raise_exception: that order is not accepted
+            self._last_error = f"{type(exc).__name__}: {exc}"
+            return None
+
+
+def _common_prefix(texts: list[str]) -> str:
+    if not texts:
+        return ""
+    first = texts[0]
+    for i, ch in enumerate(first):
+        if any(len(t) <= i or t[i] != ch for t in texts[1:]):
+            return first[:i]
+    return first
+
+
+def chat_template_from_tokenizer(
+    tokenizer: Any,
+    chat_template: str | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> ChatTemplate:
+    """The tokenizer's template (or `chat_template`: a built-in name or a jinja file, which
+    replaces the tokenizer's) as role markers; PLAIN_TEMPLATE (with a warning) if there is none. Raises ValueError naming the
+    fix when the template's user/assistant turns cannot be read."""
+    if tokenizer is not None and chat_template is not None:
+        apply_template_override(tokenizer, chat_template)
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         logger.warning("the model has no chat template; roles use the plain 'User: ' template")
         return PLAIN_TEMPLATE
+    kwargs = dict(chat_template_kwargs or {})
 
-    def render(messages: list[dict[str, str]]) -> str:
-        return tokenizer.apply_chat_template(messages, tokenize=False) if messages else ""
+    def render(messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+        return render_chat(
+            tokenizer, messages, add_generation_prompt=generation_prompt, template_kwargs=kwargs
+        )
 
-    def msg(role: str) -> dict[str, str]:
-        return {"role": role, "content": _SENTINEL[role]}
-
-    def block(history: list[str], role: str) -> tuple[str, str]:
-        """(prefix, suffix) of a `role` message that follows messages of roles `history`."""
-        before = render([msg(r) for r in history])
-        after = render([msg(r) for r in [*history, role]])
-        if not after.startswith(before):
-            raise ValueError(f"cannot read the {role!r} markers from the chat template")
-        prefix, _, suffix = after[len(before) :].partition(_SENTINEL[role])
-        return prefix, suffix
-
-    markers = {
-        "user": block(["user", "assistant"], "user"),
-        "assistant": block(["user"], "assistant"),
+    name = getattr(tokenizer, "name_or_path", "") or "tokenizer"
+    template = JinjaChatTemplate(name, {}, render=render)
+    # the common turns, read now so a template we cannot follow fails at load time
+    user, assistant = template.markers((), "user"), template.markers(("user",), "assistant")
+    template.role_prefix_and_suffix = {
+        "user": template.markers(("user", "assistant"), "user"),
+        "assistant": assistant,
     }
-    first = {"user": block([], "user")[0]}
+    template.first_prefix = {"user": user[0]}
     try:
-        first["assistant"] = block([], "assistant")[0]
-    except Exception:  # templates that insist on a user message first
-        first["assistant"] = markers["assistant"][0]
-    for history in (["user"], []):  # many templates only take a system message first
-        try:
-            markers["system"] = block(history, "system")
-            first["system"] = block([], "system")[0]
-            break
-        except Exception:  # e.g. Gemma's template raises on any system message
-            continue
-    return ChatTemplate(getattr(tokenizer, "name_or_path", "") or "tokenizer", markers, first)
+        template.role_prefix_and_suffix["system"] = template.markers((), "system")
+    except ValueError as exc:
+        logger.warning("%s", exc)
+    return template
+
+
+__all__ = [
+    "PLAIN_TEMPLATE",
+    "ROLES",
+    "ChatTemplate",
+    "JinjaChatTemplate",
+    "chat_template_from_tokenizer",
+]

@@ -18,6 +18,7 @@ from radixflow.frontend.backend import (
     Backend,
     Prompt,
     RequestError,
+    StreamSlicer,
     as_token_logprobs,
     checked,
     completion_result,
@@ -29,7 +30,11 @@ from radixflow.frontend.chat_template import (
     ChatTemplate,
     chat_template_from_tokenizer,
 )
-from radixflow.frontend.choices import ChoicesDecision, ChoicesSamplingMethod
+from radixflow.frontend.choices import (
+    ChoicesDecision,
+    ChoicesSamplingMethod,
+    call_method,
+)
 from radixflow.frontend.ir import GenArgs
 
 logger = logging.getLogger(__name__)
@@ -38,22 +43,33 @@ _PREFILL_ONLY = {"max_new_tokens": 0}
 
 
 class RuntimeEndpoint(Backend):
-    """`RuntimeEndpoint("http://127.0.0.1:30000")`; `chat_template=` overrides the template
-    otherwise read from the served model's tokenizer (when it can be loaded here)."""
+    """`RuntimeEndpoint("http://127.0.0.1:30000")`, SGLang's arguments: `api_key`, `verify`
+    (a CA bundle path for https, or False), `chat_template_name` (a built-in template name or a
+    jinja file, rendered with the served model's tokenizer). `chat_template=` (a ChatTemplate)
+    overrides both; otherwise the template is read from the served model's tokenizer (when it
+    can be loaded here)."""
 
     def __init__(
         self,
         base_url: str,
         api_key: str | None = None,
+        verify: str | bool | None = None,
+        chat_template_name: str | None = None,
         *,
         chat_template: ChatTemplate | None = None,
         timeout: float | None = 600.0,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
-        self.client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+        self.verify = verify
+        self.client = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout,
+            verify=True if verify is None else verify,
+        )
         self.model_info = self._get("/get_model_info")
-        self.chat_template = chat_template or self._load_chat_template()
+        self.chat_template = chat_template or self._load_chat_template(chat_template_name)
 
     # -- HTTP ----------------------------------------------------------------------------------
     def _get(self, path: str) -> dict[str, Any]:
@@ -74,20 +90,29 @@ class RuntimeEndpoint(Backend):
             raise RequestError(f"{resp.request.url} answered {resp.status_code}: {resp.text}")
         return resp.json() if resp.content else {}
 
-    def _load_chat_template(self) -> ChatTemplate:
+    def _load_chat_template(self, name: str | None) -> ChatTemplate:
         path = self.model_info.get("tokenizer_path") or self.model_info.get("model_path")
         if not path:
+            if name is not None:
+                raise ValueError(
+                    f"chat_template_name {name!r}: the server names no tokenizer to render it"
+                )
             return PLAIN_TEMPLATE
         from transformers import AutoTokenizer
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError) as exc:
+            if name is not None:
+                raise ValueError(
+                    f"chat_template_name {name!r} needs the served tokenizer {path}, which "
+                    f"cannot be loaded here ({exc}); pass chat_template= instead"
+                ) from exc
             logger.warning(
                 "cannot load tokenizer %s here (%s); using the plain template", path, exc
             )
             return PLAIN_TEMPLATE
-        return chat_template_from_tokenizer(tokenizer)
+        return chat_template_from_tokenizer(tokenizer, name)
 
     # -- Backend ---------------------------------------------------------------------------
     def generate(self, prompt: Prompt, args: GenArgs) -> tuple[str | list[str], dict[str, Any]]:
@@ -98,7 +123,7 @@ class RuntimeEndpoint(Backend):
         if args.n not in (None, 1):
             raise RequestError("streaming takes n=1; use fork(n) for several samples")
         body = {**self._body(prompt.text, args), "stream": True}
-        sent = 0
+        slicer = StreamSlicer()
         last: dict[str, Any] | None = None
         with self._call(lambda: self.client.stream("POST", "/generate", json=body)) as resp:
             if resp.status_code != 200:
@@ -112,13 +137,11 @@ class RuntimeEndpoint(Backend):
                 last = json.loads(data)
                 if "error" in last:
                     raise RequestError(f"/generate failed while streaming: {last['error']}")
-                text = last["text"]
-                if len(text) > sent:
-                    yield text[sent:], None
-                    sent = len(text)
+                if last["meta_info"].get("finish_reason") is not None:
+                    checked(last)
+                yield slicer.step(last["text"], last["meta_info"])
         if last is None:
             raise RequestError("/generate streamed no output")
-        yield "", checked(last)["meta_info"]
 
     def _body(self, text: str, args: GenArgs) -> dict[str, Any]:
         body: dict[str, Any] = {"text": text, "sampling_params": args.sampling_params()}
@@ -167,9 +190,7 @@ class RuntimeEndpoint(Backend):
                 without_context(ids, checked(o)["meta_info"]["input_token_logprobs"])
                 for ids, o in zip(alone, outs, strict=True)
             ]
-        return method(
-            choices=choices, input_token_logprobs=scored, unconditional_token_logprobs=unconditional
-        )
+        return call_method(method, choices, scored, unconditional)
 
     def pin_prefix(self, text: str) -> None:
         """SGLang's HTTP API has no pins: the prefix is computed once and cached as a hint."""
@@ -181,6 +202,9 @@ class RuntimeEndpoint(Backend):
 
     def get_server_info(self) -> dict[str, Any]:
         return self._get("/get_server_info")
+
+    def get_model_name(self) -> str:
+        return str(self.model_info.get("model_path", ""))
 
     def get_model_info(self) -> dict[str, Any]:
         return dict(self.model_info)

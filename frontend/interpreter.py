@@ -12,6 +12,7 @@ forks) have their calls in flight together and the engine batches them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import linecache
 import queue
 import sys
@@ -22,7 +23,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from radixflow.frontend.backend import Backend, Prompt
+from radixflow.frontend.backend import PER_TOKEN_META, Backend, Prompt, RequestError
 from radixflow.frontend.choices import ChoicesDecision
 from radixflow.frontend.ir import (
     ConcatAndAppend,
@@ -30,14 +31,29 @@ from radixflow.frontend.ir import (
     ExprList,
     Gen,
     GenArgs,
+    Image,
     RoleBegin,
     RoleEnd,
     Select,
+    SeparateReasoning,
     Text,
     VarScopeBegin,
     VarScopeEnd,
+    Video,
     to_expr,
 )
+from radixflow.runtime.reasoning_parser import REASONING_PARSERS
+
+
+def merge_stream_meta(earlier: dict[str, Any] | None, later: dict[str, Any]) -> dict[str, Any]:
+    """`later`'s meta info with the per-token lists of `earlier` put in front of its own."""
+    if earlier is None:
+        return later
+    merged = dict(later)
+    for key in PER_TOKEN_META:
+        if key in earlier or key in later:
+            merged[key] = [*earlier.get(key, []), *later.get(key, [])]
+    return merged
 
 
 class ProgramError(RuntimeError):
@@ -84,6 +100,8 @@ def _produced_names(expr: Expr) -> list[str]:
         return [expr.name]
     if isinstance(expr, VarScopeEnd):
         return [expr.name]
+    if isinstance(expr, SeparateReasoning):
+        return [f"{n}_reasoning_content" for n in _produced_names(expr.expr)]
     if isinstance(expr, _Gather):
         return list(expr.names)
     return []
@@ -106,10 +124,16 @@ class StreamExecutor:
         defaults: GenArgs,
         stream: bool = False,
         parent: StreamExecutor | None = None,
+        use_thread: bool = True,
+        num_api_spec_tokens: int | None = None,
     ) -> None:
         self.backend = backend
         self.defaults = defaults
         self.stream = stream
+        # API speculative execution (SGLang's num_api_spec_tokens, completion backends): one
+        # request generates this many tokens, and the gens and texts after it consume them
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.speculated_text = ""
         self.chat_template = backend.chat_template
         self.text_ = parent.text_ if parent else ""
         self.messages_: list[dict[str, Any]] = list(parent.messages_) if parent else []
@@ -126,12 +150,17 @@ class StreamExecutor:
         self._cond = threading.Condition()
         self._pending = 0
         self._producing: Counter[str] = Counter()
-        self._chunks: list[tuple[str | None, str]] = []
+        # (variable, text, per-chunk meta info) in the order the stream produced them
+        self._chunks: list[tuple[str | None, str, dict[str, Any] | None]] = []
         self._ended = False
         self._done = False
+        self.use_thread = use_thread
         self._queue: queue.SimpleQueue[tuple[Expr, str | None] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._worker, name="radixflow-state", daemon=True)
-        self._thread.start()
+        if use_thread:
+            self._thread = threading.Thread(
+                target=self._worker, name="radixflow-state", daemon=True
+            )
+            self._thread.start()
 
     # -- called from the program body ------------------------------------------------------
     def submit(self, expr: Expr, site: str | None) -> None:
@@ -140,7 +169,10 @@ class StreamExecutor:
                 raise ProgramError("this state has ended; it takes no more expressions", site)
             self._pending += 1
             self._producing.update(_produced_names(expr))
-        self._queue.put((expr, site))
+        if self.use_thread:
+            self._queue.put((expr, site))
+        else:  # run_program(use_thread=False): the caller's thread runs it now
+            self._run_item(expr, site)
 
     def end(self) -> None:
         """No more expressions: the thread finishes what is queued and exits."""
@@ -148,7 +180,11 @@ class StreamExecutor:
             if self._ended:
                 return
             self._ended = True
-        self._queue.put(None)
+            if not self.use_thread:
+                self._done = True
+                self._cond.notify_all()
+        if self.use_thread:
+            self._queue.put(None)
         for child in self.children:
             child.end()
 
@@ -187,9 +223,21 @@ class StreamExecutor:
                 self.error_ = error
             self._cond.notify_all()
 
-    def fork(self, n: int, site: str | None) -> list[StreamExecutor]:
+    def fork(
+        self, n: int, site: str | None, position_ids_offset: list[int] | None = None
+    ) -> list[StreamExecutor]:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"fork takes a positive number of branches, got {n!r}")
+        # SGLang takes position_ids_offset (one int per branch) and leaves positions as they are;
+        # so do we, after checking its shape
+        if position_ids_offset is not None and (
+            len(position_ids_offset) != n
+            or not all(isinstance(o, int) for o in position_ids_offset)
+        ):
+            raise ValueError(
+                f"fork position_ids_offset must hold one int per branch ({n}), "
+                f"got {position_ids_offset!r}"
+            )
         self.sync()
         if self.error_ is not None:
             raise self.error_
@@ -204,22 +252,24 @@ class StreamExecutor:
                 with self.root._cond:
                     self.root._pins.append(pin)
         children = [
-            StreamExecutor(self.backend, self.defaults, self.stream, self) for _ in range(n)
+            StreamExecutor(self.backend, self.defaults, self.stream, self, self.use_thread)
+            for _ in range(n)
         ]
         self.children.extend(children)
         return children
 
-    def iter_chunks(self, var_name: str | None) -> Iterator[str]:
-        """Text as it is appended (only what `var_name` produces, if given) until the end."""
+    def iter_chunks(self, var_name: str | None) -> Iterator[tuple[str, dict[str, Any] | None]]:
+        """(text, meta info of that chunk) as text is appended (only what `var_name` produces,
+        if given) until the end; a chunk may carry meta info and no text."""
         seen = 0
         while True:
             with self._cond:
                 self._cond.wait_for(lambda n=seen: len(self._chunks) > n or self._done)
                 chunks, done = self._chunks[seen:], self._done
             seen += len(chunks)
-            for name, text in chunks:
+            for name, text, meta in chunks:
                 if var_name is None or name == var_name:
-                    yield text
+                    yield text, meta
             if done and not chunks:
                 return
 
@@ -229,31 +279,33 @@ class StreamExecutor:
             item = self._queue.get()
             if item is None:
                 break
-            expr, site = item
-            if self.error_ is None:
-                try:
-                    self._execute(expr)
-                except ProgramError as exc:
-                    self.fail(exc)
-                except Exception as exc:
-                    error = ProgramError(f"{_what(expr)} failed: {type(exc).__name__}: {exc}", site)
-                    error.__cause__ = exc
-                    self.fail(error)
-            with self._cond:
-                self._pending -= 1
-                self._producing.subtract(_produced_names(expr))
-                self._cond.notify_all()
+            self._run_item(*item)
         with self._cond:
             self._done = True
             self._cond.notify_all()
 
-    def _append(self, text: str, var: str | None = None) -> None:
-        if not text:
+    def _run_item(self, expr: Expr, site: str | None) -> None:
+        if self.error_ is None:
+            try:
+                self._execute(expr)
+            except ProgramError as exc:
+                self.fail(exc)
+            except Exception as exc:
+                error = ProgramError(f"{_what(expr)} failed: {type(exc).__name__}: {exc}", site)
+                error.__cause__ = exc
+                self.fail(error)
+        with self._cond:
+            self._pending -= 1
+            self._producing.subtract(_produced_names(expr))
+            self._cond.notify_all()
+
+    def _append(self, text: str, var: str | None = None, meta: dict | None = None) -> None:
+        if not text and meta is None:
             return
         with self._cond:
             self.text_ += text
             if self.stream:
-                self._chunks.append((var, text))
+                self._chunks.append((var, text, meta))
                 self._cond.notify_all()
 
     def _prompt(self) -> Prompt:
@@ -265,7 +317,7 @@ class StreamExecutor:
             for e in expr.exprs:
                 self._execute(e)
         elif isinstance(expr, Text):
-            self._append(expr.value)
+            self._fill(expr.value)
         elif isinstance(expr, Gen):
             self._gen(expr)
         elif isinstance(expr, Select):
@@ -274,14 +326,14 @@ class StreamExecutor:
             if self.cur_role is not None:
                 raise ValueError(f"role {expr.role!r} begins inside role {self.cur_role!r}")
             prefix, _ = self.chat_template.get_prefix_and_suffix(expr.role, self.messages_)
-            self._append(prefix)
+            self._fill(prefix)
             self.cur_role, self.cur_role_begin = expr.role, len(self.text_)
         elif isinstance(expr, RoleEnd):
             if self.cur_role != expr.role:
                 raise ValueError(f"role {expr.role!r} ends, but the open role is {self.cur_role!r}")
             _, suffix = self.chat_template.get_prefix_and_suffix(expr.role, self.messages_)
-            content = self.text_[self.cur_role_begin :]
-            self._append(suffix)
+            content = self.text_[self.cur_role_begin :].lstrip()  # as SGLang's messages()
+            self._fill(suffix)
             self.messages_.append({"role": expr.role, "content": content})
             self.cur_role = None
         elif isinstance(expr, VarScopeBegin):
@@ -290,6 +342,13 @@ class StreamExecutor:
             if expr.name not in self.scopes:
                 raise ValueError(f"var_scope {expr.name!r} ends without having begun")
             self.variables[expr.name] = self.text_[self.scopes.pop(expr.name) :]
+        elif isinstance(expr, Image | Video):
+            kind = "an image" if isinstance(expr, Image) else "a video"
+            raise RequestError(
+                f"{kind} ({expr.path!r}) cannot be sent: radixflow serves text-only models"
+            )
+        elif isinstance(expr, SeparateReasoning):
+            self._separate_reasoning(expr.model_type, expr.expr)
         elif isinstance(expr, ConcatAndAppend):
             for state in expr.states:
                 ex = state.stream_executor
@@ -305,14 +364,52 @@ class StreamExecutor:
         else:
             raise TypeError(f"cannot run {type(expr).__name__}")
 
+    def _fill(self, text: str) -> None:
+        """Append constant text; speculated text that matches it is used up, else dropped."""
+        if self.speculated_text.startswith(text):
+            self.speculated_text = self.speculated_text[len(text) :]
+        else:
+            self.speculated_text = ""
+        self._append(text)
+
+    def _speculates(self) -> bool:
+        chat_only = getattr(self.backend, "is_chat_model", False)
+        return self.num_api_spec_tokens is not None and not self.stream and not chat_only
+
+    def _spec_gen(self, args: GenArgs) -> tuple[str, dict[str, Any]]:
+        """SGLang's completion-model speculation: the gen's text is the speculated text up to
+        its first stop string (or max_new_tokens characters); an empty store asks the
+        backend for max(max_new_tokens, num_api_spec_tokens) tokens without stop strings."""
+        if args.n not in (None, 1):
+            raise ValueError("gen with n > 1 cannot run under num_api_spec_tokens")
+        meta: dict[str, Any] = {}
+        if not self.speculated_text:
+            ask = max(args.max_new_tokens or 0, self.num_api_spec_tokens or 0)
+            spec = dataclasses.replace(args, max_new_tokens=ask, stop=None)
+            text, meta = self.backend.generate(self._prompt(), spec)
+            self.speculated_text = text if isinstance(text, str) else text[0]
+        stops = [args.stop] if isinstance(args.stop, str) else list(args.stop or [])
+        found = [i for i in (self.speculated_text.find(st) for st in stops) if i >= 0]
+        end = min(found) if found else min(args.max_new_tokens or 0, len(self.speculated_text))
+        value, self.speculated_text = self.speculated_text[:end], self.speculated_text[end:]
+        return value, meta
+
     def _gen(self, expr: Gen) -> None:
         args = expr.args.merged_over(self.defaults)
+        if self._speculates():
+            value, meta = self._spec_gen(args)
+            self._append(value, expr.name)
+            if expr.name is not None:
+                self.variables[expr.name] = value
+                self.meta_info[expr.name] = meta
+            return
         if self.stream and args.n in (None, 1):
             meta: dict[str, Any] | None = None
             start = len(self.text_)
             for delta, item_meta in self.backend.generate_stream(self._prompt(), args):
-                self._append(delta, expr.name)
-                meta = item_meta or meta
+                self._append(delta, expr.name, item_meta)
+                if item_meta is not None:
+                    meta = merge_stream_meta(meta, item_meta)
             value: Any = self.text_[start:]
         else:
             value, meta = self.backend.generate(self._prompt(), args)
@@ -320,6 +417,26 @@ class StreamExecutor:
         if expr.name is not None:
             self.variables[expr.name] = value
             self.meta_info[expr.name] = meta
+
+    def _separate_reasoning(self, model_type: str, expr: Expr) -> None:
+        """SGLang's separate_reasoning: each gen's `<think>` part moves to
+        `<name>_reasoning_content`; the variable and the role's text keep the answer."""
+        if isinstance(expr, ExprList):
+            for e in expr.exprs:
+                self._separate_reasoning(model_type, e)
+            return
+        if not isinstance(expr, Gen | Select) or expr.name is None:
+            return
+        value = self.variables[expr.name]
+        if not isinstance(value, str):
+            raise ValueError(f"separate_reasoning needs one text in {expr.name!r} (n=1)")
+        reasoning, content = REASONING_PARSERS[model_type].split(value)
+        with self._cond:
+            self.variables[expr.name] = content
+            self.variables[f"{expr.name}_reasoning_content"] = reasoning or ""
+            # as SGLang: the open role (or the whole text) now holds the answer only
+            begin = self.cur_role_begin if self.cur_role else len(self.text_) - len(value)
+            self.text_ = self.text_[:begin] + content
 
     def _select(self, expr: Select) -> None:
         decision: ChoicesDecision = self.backend.select(
@@ -333,12 +450,14 @@ class StreamExecutor:
 
 def _what(expr: Expr) -> str:
     if isinstance(expr, ExprList):
-        inner = [e for e in expr.exprs if isinstance(e, Gen | Select)]
+        inner = [e for e in expr.exprs if isinstance(e, Gen | Select | Image | Video)]
         return _what(inner[0]) if inner else "appending text"
     if isinstance(expr, Gen):
         return f"gen({expr.name!r})"
     if isinstance(expr, Select):
         return f"select({expr.name!r})"
+    if isinstance(expr, Image | Video):
+        return f"{type(expr).__name__.lower()}({expr.path!r})"
     return type(expr).__name__
 
 
@@ -386,10 +505,21 @@ class ProgramState:
     def error(self) -> ProgramError | None:
         return self.stream_executor.error_
 
-    def fork(self, size: int = 1) -> ProgramStateGroup:
+    def fork(
+        self, size: int = 1, position_ids_offset: list[int] | None = None
+    ) -> ProgramStateGroup:
         site = caller_site()
-        children = self.stream_executor.fork(size, site)
+        children = self.stream_executor.fork(size, site, position_ids_offset)
         return ProgramStateGroup([ProgramState(c) for c in children], self)
+
+    @contextmanager
+    def copy(self, position_ids_offset: list[int] | None = None) -> Iterator[ProgramState]:
+        """`with s.copy() as c:` a one-branch fork, joined (gather_variable) at the end."""
+        group = self.fork(1, position_ids_offset)
+        try:
+            yield group[0]
+        finally:
+            group.join()
 
     # roles: s += s.user("hi") is not needed; `with s.user(): ...` or s.user("hi")
     def _role(self, role: str, expr: object | None):
@@ -421,23 +551,38 @@ class ProgramState:
 
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:
         """Text as it is produced (stream=True): all of it, or only what `var_name` gets."""
+        for text, _ in self._chunks_with_meta(var_name, False):
+            yield text
+
+    def _chunks_with_meta(
+        self, var_name: str | None, with_meta: bool
+    ) -> Iterator[tuple[str, dict[str, Any] | None]]:
+        """Non-empty text chunks, each with its meta info (SGLang's shape: the per-token
+        lists of a chunk that had meta info but no text go to the next chunk)."""
         if not self.stream_executor.stream:
-            yield self.text() if var_name is None else str(self[var_name])
+            value = self.text() if var_name is None else self[var_name]
+            yield value, (self.get_meta_info(var_name) if with_meta and var_name else None)
             return
-        yield from self.stream_executor.iter_chunks(var_name)
+        pending: dict[str, Any] | None = None
+        for text, meta in self.stream_executor.iter_chunks(var_name):
+            if meta is not None:
+                pending = merge_stream_meta(pending, meta)
+            if text:
+                yield text, pending
+                pending = None
         if self.error() is not None:
             raise self.error()
 
     async def text_async_iter(
         self, var_name: str | None = None, return_meta_data: bool = False
     ) -> AsyncIterator[Any]:
-        """`text_iter` for asyncio; with return_meta_data, the last item is (text, meta)."""
-        it = self.text_iter(var_name)
+        """`text_iter` for asyncio; with return_meta_data (and a variable), each item is
+        (text chunk, meta info of that chunk), as SGLang's."""
+        with_meta = return_meta_data and var_name is not None
+        it = self._chunks_with_meta(var_name, with_meta)
         done = object()
-        while (chunk := await asyncio.to_thread(next, it, done)) is not done:
-            yield chunk
-        if return_meta_data and var_name is not None:
-            yield "", self.get_meta_info(var_name)
+        while (item := await asyncio.to_thread(next, it, done)) is not done:
+            yield item if with_meta else item[0]
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self.text_async_iter()
@@ -459,13 +604,27 @@ class ProgramStateGroup:
     def __getitem__(self, i: int) -> ProgramState:
         return self.states[i]
 
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        """What `forks[i] += expr` does after appending: it stores the same state back."""
+        if value is not self.states[i]:
+            raise ValueError("a fork group's states cannot be replaced; append to them with +=")
+
     def __iter__(self) -> Iterator[ProgramState]:
         return iter(self.states)
 
     def __iadd__(self, other: object) -> ProgramStateGroup:
+        """`+= expr` appends to every branch, `+= lambda i: ...` each its own, and
+        `+= [a, b, ...]` (one per branch) branch i gets item i."""
         site = caller_site()
+        if isinstance(other, list | tuple) and len(other) != len(self.states):
+            raise ValueError(f"+= takes one item per branch ({len(self.states)}), got {len(other)}")
         for i, state in enumerate(self.states):
-            expr = other(i) if callable(other) else other
+            if callable(other):
+                expr = other(i)
+            elif isinstance(other, list | tuple):
+                expr = other[i]
+            else:
+                expr = other
             state.stream_executor.submit(to_expr(expr), site)
         return self
 

@@ -39,6 +39,7 @@ class GenArgs:
     n: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -95,6 +96,7 @@ class GenArgs:
             "n",
             "stop",
             "stop_token_ids",
+            "stop_regex",
             "temperature",
             "top_p",
             "top_k",
@@ -110,6 +112,11 @@ class GenArgs:
         params = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
         if self.dtype is not None:
             params["regex"] = _DTYPE_REGEX[self.dtype]
+            if _DTYPE_REGEX[self.dtype] in (REGEX_INT, REGEX_FLOAT):
+                # as SGLang: a number ends at the first space or newline, which the regex's
+                # trailing [ \n]* would otherwise repeat until max_new_tokens
+                stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+                params["stop"] = [*stop, *(s for s in (" ", "\n") if s not in stop)]
         return params
 
 
@@ -171,6 +178,29 @@ class VarScopeBegin(Expr):
 @dataclass(eq=False)
 class VarScopeEnd(Expr):
     name: str
+
+
+@dataclass(eq=False)
+class Image(Expr):
+    """An image in the prompt (`image(path)`); radixflow's models are text-only."""
+
+    path: str
+
+
+@dataclass(eq=False)
+class Video(Expr):
+    """A video in the prompt (`video(path, num_frames)`); radixflow's models are text-only."""
+
+    path: str
+    num_frames: int
+
+
+@dataclass(eq=False)
+class SeparateReasoning(Expr):
+    """After `expr` ran: move the `<think>` part of each of its gens into `<name>_reasoning_content`."""
+
+    model_type: str
+    expr: Expr
 
 
 @dataclass(eq=False)

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from radixflow.frontend.backend import Backend, Prompt, RequestError
 from radixflow.frontend.chat_template import PLAIN_TEMPLATE, ChatTemplate
-from radixflow.frontend.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprobs
+from radixflow.frontend.choices import (
+    ChoicesDecision,
+    ChoicesSamplingMethod,
+    TokenLogprobs,
+    call_method,
+)
 from radixflow.frontend.ir import GenArgs
 
 # (field, value that means "off"): set to anything else, the /v1 API cannot honour it
@@ -31,20 +38,38 @@ _UNSUPPORTED = (
 )
 
 
+# OpenAI's completion-only models (what SGLang treats as not chat models by default)
+INSTRUCT_MODEL_NAMES = ("gpt-3.5-turbo-instruct",)
+
+
+@dataclass
+class TokenUsage:
+    """Tokens the backend's requests used so far (SGLang's `backend.token_usage`)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def reset(self) -> None:
+        self.prompt_tokens = self.completion_tokens = 0
+
+
 class OpenAI(Backend):
     """`OpenAI("gpt-4o-mini")`, or `OpenAI(model, base_url="http://host/v1", api_key=...)`.
 
-    is_chat_model: True (default) uses /v1/chat/completions, False /v1/completions.
+    SGLang's argument order: `OpenAI(model_name, is_chat_model, chat_template)`; the client's
+    own options (base_url, api_key, ...) are keywords. is_chat_model: True uses
+    /v1/chat/completions, False /v1/completions; None (default) is True except for OpenAI's
+    instruct models. `token_usage` adds up the usage every response reports.
     """
 
     def __init__(
         self,
         model_name: str,
+        is_chat_model: bool | None = None,
+        chat_template: ChatTemplate | None = None,
+        *,
         base_url: str | None = None,
         api_key: str | None = None,
-        *,
-        is_chat_model: bool = True,
-        chat_template: ChatTemplate | None = None,
         **client_kwargs: Any,
     ) -> None:
         import openai
@@ -55,8 +80,12 @@ class OpenAI(Backend):
             **client_kwargs,
         )
         self.model_name = model_name
+        if is_chat_model is None:
+            is_chat_model = model_name not in INSTRUCT_MODEL_NAMES
         self.is_chat_model = is_chat_model
         self.chat_template = chat_template or PLAIN_TEMPLATE
+        self.token_usage = TokenUsage()
+        self._usage_lock = threading.Lock()
 
     def _request(self, prompt: Prompt, args: GenArgs) -> dict[str, Any]:
         for name, off in _UNSUPPORTED:
@@ -105,9 +134,18 @@ class OpenAI(Backend):
         import openai
 
         try:
-            return create(**kwargs)
+            resp = create(**kwargs)
         except openai.OpenAIError as exc:
             raise RequestError(f"OpenAI request failed: {exc}") from exc
+        self._count(getattr(resp, "usage", None))
+        return resp
+
+    def _count(self, usage: Any) -> None:
+        if usage is None:
+            return
+        with self._usage_lock:
+            self.token_usage.prompt_tokens += usage.prompt_tokens or 0
+            self.token_usage.completion_tokens += usage.completion_tokens or 0
 
     def generate(self, prompt: Prompt, args: GenArgs) -> tuple[str | list[str], dict[str, Any]]:
         kwargs = self._request(prompt, args)
@@ -129,6 +167,7 @@ class OpenAI(Backend):
         api = self.client.chat.completions if self.is_chat_model else self.client.completions
         finish = None
         for chunk in self._call(api.create, stream=True, **kwargs):
+            self._count(getattr(chunk, "usage", None))  # the last chunk, when the server sends it
             if not chunk.choices:
                 continue
             c = chunk.choices[0]
@@ -155,9 +194,7 @@ class OpenAI(Backend):
                     "choices tokenize differently on their own and after the prompt; "
                     "unconditional_likelihood_normalized cannot compare them here"
                 )
-        return method(
-            choices=choices, input_token_logprobs=scored, unconditional_token_logprobs=unconditional
-        )
+        return call_method(method, choices, scored, unconditional)
 
     def _echo_logprobs(self, texts: list[str], start_char: int) -> list[TokenLogprobs]:
         """Prompt logprobs of the tokens of each text from character `start_char` on."""

@@ -14,28 +14,26 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from radixflow.frontend.backend import Backend
+from radixflow.frontend.global_config import global_config
 from radixflow.frontend.interpreter import ProgramError, ProgramState, StreamExecutor, body_site
 from radixflow.frontend.ir import GenArgs
 
 logger = logging.getLogger(__name__)
 
-_default_backend: Backend | None = None
-
 
 def set_default_backend(backend: Backend) -> None:
-    """The backend programs use when `run` gets none."""
-    global _default_backend
+    """The backend programs use when `run` gets none (`global_config.default_backend`)."""
     if not isinstance(backend, Backend):
         raise ValueError(f"set_default_backend takes a backend, got {type(backend).__name__}")
-    _default_backend = backend
+    global_config.default_backend = backend
 
 
 def get_default_backend() -> Backend | None:
-    return _default_backend
+    return global_config.default_backend
 
 
 def resolve_backend(backend: Backend | None) -> Backend:
-    backend = backend or _default_backend
+    backend = backend or global_config.default_backend
     if backend is None:
         raise ValueError(
             "no backend: call rf.set_default_backend(rf.Runtime()) or pass backend=..."
@@ -61,6 +59,7 @@ class SglFunction:
         variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
         self.arg_names = [p.name for p in params[1:] if p.kind not in variadic]
         self._accepts_var_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
+        self._defaults = {p.name for p in params[1:] if p.default is not p.empty}
         functools.update_wrapper(self, func)
 
     def bind(self, **kwargs: Any) -> SglFunction:
@@ -82,8 +81,10 @@ class SglFunction:
         self,
         *args: Any,
         max_new_tokens: int = 128,
+        n: int = 1,
         stop: str | list[str] | None = None,
         stop_token_ids: list[int] | None = None,
+        stop_regex: str | list[str] | None = None,
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = -1,
@@ -97,17 +98,21 @@ class SglFunction:
         return_text_in_logprobs: bool | None = None,
         stream: bool = False,
         backend: Backend | None = None,
+        use_thread: bool = True,
         **kwargs: Any,
     ) -> ProgramState:
         """Run the program once; the keyword sampling knobs are defaults for its `gen` calls.
 
         Raises ProgramError (naming the program line) if it fails. With stream=True it
         returns at once; read `state.text_iter()`, which raises at the end if it failed.
+        use_thread=False runs every expression in the calling thread as it is appended.
         """
         defaults = GenArgs(
             max_new_tokens=max_new_tokens,
+            n=n,
             stop=stop,
             stop_token_ids=stop_token_ids,
+            stop_regex=stop_regex,
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
@@ -121,7 +126,14 @@ class SglFunction:
             return_text_in_logprobs=return_text_in_logprobs,
         )
         arguments = self._arguments(args, kwargs)
-        state = ProgramState(StreamExecutor(resolve_backend(backend), defaults, stream))
+        executor = StreamExecutor(
+            resolve_backend(backend),
+            defaults,
+            stream,
+            use_thread=use_thread,
+            num_api_spec_tokens=self.num_api_spec_tokens,
+        )
+        state = ProgramState(executor)
         if stream:
             threading.Thread(
                 target=self._execute, args=(state, arguments), name="radixflow-program", daemon=True
@@ -153,11 +165,13 @@ class SglFunction:
 
     def run_batch(
         self,
-        batch_kwargs: list[dict[str, Any]],
+        batch_kwargs: list[dict[str, Any]] | list[list[Any] | tuple[Any, ...]],
         *,
         max_new_tokens: int = 128,
+        n: int = 1,
         stop: str | list[str] | None = None,
         stop_token_ids: list[int] | None = None,
+        stop_regex: str | list[str] | None = None,
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = -1,
@@ -176,16 +190,22 @@ class SglFunction:
     ) -> list[ProgramState] | Iterator[ProgramState]:
         """Run the program on each kwargs dict concurrently; states come back in input order.
 
-        A failing program does not stop the others: its state has `.error()` set. Before the
-        batch, the program's constant prefix (found by tracing) is computed once and cached.
+        Each item is a dict of keyword arguments or (as SGLang) a list/tuple of positional
+        ones. A failing program does not stop the others: its state has `.error()` set. Before
+        the batch, the program's constant prefix (found by tracing) is computed once and cached.
         """
-        if not isinstance(batch_kwargs, list) or not all(isinstance(k, dict) for k in batch_kwargs):
-            raise ValueError("run_batch takes a list of keyword-argument dicts")
+        if not isinstance(batch_kwargs, list | tuple):
+            raise ValueError("run_batch takes a list of keyword-argument dicts or argument lists")
+        batch_kwargs = [self._batch_item(item) for item in batch_kwargs]
+        if not batch_kwargs:
+            return iter([]) if generator_style else []
         backend = resolve_backend(backend)
         sampling = dict(
             max_new_tokens=max_new_tokens,
+            n=n,
             stop=stop,
             stop_token_ids=stop_token_ids,
+            stop_regex=stop_regex,
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
@@ -213,7 +233,9 @@ class SglFunction:
                 pin = backend.pin_prefix(prefix)
 
         def one(kw: dict[str, Any]) -> ProgramState:
-            state = ProgramState(StreamExecutor(backend, defaults))
+            state = ProgramState(
+                StreamExecutor(backend, defaults, num_api_spec_tokens=self.num_api_spec_tokens)
+            )
             self._execute(state, self._arguments((), kw))
             return state
 
@@ -242,11 +264,35 @@ class SglFunction:
 
         return run_all() if generator_style else list(run_all())
 
+    def _batch_item(self, item: Any) -> dict[str, Any]:
+        if isinstance(item, dict):
+            return item
+        if isinstance(item, list | tuple):
+            required = [n for n in self.arg_names if n not in self._defaults]
+            if not len(required) <= len(item) <= len(self.arg_names):
+                raise ValueError(
+                    f"{self.func.__name__} takes {len(required)} to {len(self.arg_names)} "
+                    f"positional argument(s) after s, a run_batch item has {len(item)}"
+                )
+            return dict(zip(self.arg_names, item, strict=False))
+        raise ValueError(
+            f"a run_batch item must be a dict or a list of arguments, got {type(item).__name__}"
+        )
+
+    def cache(self, backend: Backend | None = None) -> Any:
+        """Compute and cache the program's constant prefix (found by tracing) ahead of runs,
+        as SGLang's `cache`: a hint only, skipped for prefixes of 64 characters or fewer."""
+        backend = resolve_backend(backend)
+        prefix = self.trace(backend=backend).prefix
+        if len(prefix) > 64:
+            return backend.cache_prefix(prefix)
+        return None
+
     def trace(self, *, backend: Backend | None = None, **kwargs: Any):
         """Run the body symbolically and return its program graph (a ProgramTrace)."""
         from radixflow.frontend.tracer import trace_program
 
-        backend = backend or _default_backend
+        backend = backend or global_config.default_backend
         template = backend.chat_template if backend is not None else None
         return trace_program(self, {**self.bind_arguments, **kwargs}, template)
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import atexit
-from collections.abc import Iterator
+import json
+import logging
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from radixflow.frontend.backend import (
     Backend,
     Prompt,
     RequestError,
+    StreamSlicer,
     as_token_logprobs,
     checked,
     common_prefix_len,
@@ -19,7 +22,11 @@ from radixflow.frontend.backend import (
     without_context,
 )
 from radixflow.frontend.chat_template import ChatTemplate, chat_template_from_tokenizer
-from radixflow.frontend.choices import ChoicesDecision, ChoicesSamplingMethod
+from radixflow.frontend.choices import (
+    ChoicesDecision,
+    ChoicesSamplingMethod,
+    call_method,
+)
 from radixflow.frontend.ir import GenArgs
 from radixflow.runtime.engine import Engine, PinnedPrefix
 
@@ -28,18 +35,38 @@ _PREFILL_ONLY = {"max_new_tokens": 0}
 
 class Runtime(Backend):
     """`rf.Runtime()` loads the default model; `rf.Runtime(path, dtype=..., ...)` takes any
-    Engine option; `rf.Runtime(engine=e)` wraps an engine you already have."""
+    Engine option, in our names or SGLang's ServerArgs names; `rf.Runtime(engine=e)` wraps an
+    engine you already have.
+
+    As SGLang's `Runtime`, which starts a server: `log_level` sets radixflow's log level, and
+    `launch_timeout` is accepted (the engine here loads before the constructor returns).
+    `runtime.endpoint` is the runtime itself, so SGLang code reaching for
+    `backend.endpoint.get_model_name()` works.
+    """
 
     def __init__(
         self,
         model_path: str | None = None,
         *,
         engine: Engine | None = None,
-        chat_template: ChatTemplate | None = None,
+        chat_template: ChatTemplate | str | None = None,
+        log_level: str | None = None,
+        launch_timeout: float = 300.0,
         **engine_config: Any,
     ) -> None:
         if engine is not None and (model_path is not None or engine_config):
             raise ValueError("give either engine= or model_path/engine options, not both")
+        if not isinstance(launch_timeout, int | float) or launch_timeout <= 0:
+            raise ValueError(f"launch_timeout must be a positive number, got {launch_timeout!r}")
+        if log_level is not None:
+            level = logging.getLevelName(str(log_level).upper())
+            if not isinstance(level, int):
+                raise ValueError(f"log_level must be a logging level name, got {log_level!r}")
+            logging.getLogger("radixflow").setLevel(level)
+        if isinstance(chat_template, str):  # a built-in name or a jinja file: the engine's too
+            if engine is not None:
+                raise ValueError("chat_template by name or file needs the engine's options")
+            engine_config["chat_template"], chat_template = chat_template, None
         self._owns_engine = engine is None
         self.engine = engine if engine is not None else Engine(model_path, **engine_config)
         if self._owns_engine:  # stop the engine thread before the interpreter tears down
@@ -48,33 +75,65 @@ class Runtime(Backend):
         self.chat_template = chat_template or chat_template_from_tokenizer(self.tokenizer)
 
     @property
+    def endpoint(self) -> Runtime:
+        return self
+
+    def get_model_name(self) -> str:
+        return str(self.engine.model_dir)
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    @property
     def cache_enabled(self) -> bool:
         return not self.engine.config.disable_radix_cache
 
     def _decode(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
-    def generate(self, prompt: Prompt, args: GenArgs) -> tuple[str | list[str], dict[str, Any]]:
+    def generate(
+        self,
+        prompt: Prompt | str | list[str],
+        args: GenArgs | dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Any:
+        """The interpreter's call (a Prompt and GenArgs), or SGLang's `Runtime.generate(prompt,
+        sampling_params, return_logprob=..., ...)`, which returns the response as JSON text."""
+        if not isinstance(prompt, Prompt):
+            return json.dumps(self.engine.generate(prompt, args, **options))
+        if not isinstance(args, GenArgs):
+            raise TypeError("Runtime.generate(Prompt, ...) takes GenArgs")
         out = self.engine.generate(prompt.text, args.sampling_params(), **request_options(args))
         text, meta = completion_result(out if isinstance(out, list) else [out])
         if args.return_text_in_logprobs and "n" not in meta:
             with_token_text(meta, self._decode)
         return text, meta
 
+    async def async_generate(
+        self, prompt: str, sampling_params: dict[str, Any] | None = None
+    ) -> AsyncIterator[str]:
+        """SGLang's `Runtime.async_generate`: the new text of `prompt`'s completion as it comes."""
+        slicer = StreamSlicer()
+        async for item in await self.engine.async_generate(prompt, sampling_params, stream=True):
+            delta, _ = slicer.step(item["text"], checked(item)["meta_info"])
+            if delta:
+                yield delta
+
+    add_request = async_generate
+
     def generate_stream(self, prompt: Prompt, args: GenArgs) -> Iterator[tuple[str, dict | None]]:
         if args.n not in (None, 1):
             raise RequestError("streaming takes n=1; use fork(n) for several samples")
-        sent = 0
+        slicer = StreamSlicer()
         for item in self.engine.generate(
             prompt.text, args.sampling_params(), stream=True, **request_options(args)
         ):
-            text = item["text"]
-            done = item["meta_info"]["finish_reason"] is not None
-            if done:
+            if item["meta_info"]["finish_reason"] is not None:
                 checked(item)
-            if len(text) > sent or done:
-                yield text[sent:], item["meta_info"] if done else None
-                sent = len(text)
+            delta, meta = slicer.step(item["text"], item["meta_info"])
+            if args.return_text_in_logprobs:
+                with_token_text(meta, self._decode)
+            yield delta, meta
 
     def select(
         self, prompt: Prompt, choices: list[str], temperature: float, method: ChoicesSamplingMethod
@@ -114,9 +173,7 @@ class Runtime(Backend):
                 without_context(ids, checked(o)["meta_info"]["input_token_logprobs"])
                 for ids, o in zip(alone, outs, strict=True)
             ]
-        return method(
-            choices=choices, input_token_logprobs=scored, unconditional_token_logprobs=unconditional
-        )
+        return call_method(method, choices, scored, unconditional)
 
     def pin_prefix(self, text: str) -> PinnedPrefix | None:
         if not text or not self.cache_enabled:

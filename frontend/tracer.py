@@ -60,6 +60,7 @@ class TraceNode:
     kind: str  # text, gen, select, role_begin, role_end, var_scope_begin, var_scope_end, arg, var, fork
     detail: str
     expr: Expr | None = None
+    prev_node: TraceNode | None = field(default=None, repr=False)  # the node before, as SGLang's
 
     def __str__(self) -> str:
         return f"{self.kind:<15} {self.detail}"
@@ -73,6 +74,11 @@ class ProgramTrace:
     nodes: list[TraceNode] = field(default_factory=list)
     stopped: str | None = None  # why tracing ended early, if it did
     prefix: str = ""  # the constant text every run of the program starts with
+
+    @property
+    def last_node(self) -> TraceNode | None:
+        """The last node traced (follow `prev_node` back to the first), as SGLang's trace."""
+        return self.nodes[-1] if self.nodes else None
 
     def __str__(self) -> str:
         lines = [f"program {self.name}:", *(f"  {n}" for n in self.nodes)]
@@ -98,6 +104,7 @@ class TracerState:
 
     def _record(self, e: Expr) -> None:
         node = _node(e)
+        node.prev_node = self._trace.last_node
         self._trace.nodes.append(node)
         if not self._constant:
             return
@@ -118,8 +125,8 @@ class TracerState:
     def __setitem__(self, name: str, value: Any) -> None:
         pass  # a variable set by Python code is not part of the graph
 
-    def fork(self, size: int = 1) -> Any:
-        self._trace.nodes.append(TraceNode("fork", str(size)))
+    def fork(self, size: int = 1, position_ids_offset: list[int] | None = None) -> Any:
+        self._trace.nodes.append(TraceNode("fork", str(size), prev_node=self._trace.last_node))
         raise StopTracing("fork: the branches are not traced")
 
     def _role(self, role: str, expr: object | None):
@@ -152,7 +159,7 @@ class TracerState:
     def _stop(self, *args: Any, **kwargs: Any) -> Any:
         raise StopTracing("the program reads the state's text")
 
-    text = messages = text_iter = get_meta_info = _stop
+    text = messages = text_iter = get_meta_info = copy = _stop
 
 
 def _node(e: Expr) -> TraceNode:

@@ -5,7 +5,9 @@
     radixflow bench --num-prompts 32 --input-len 128 --output-len 64 [engine flags]
 
 Every `EngineConfig` field is a flag (`page_size` -> `--page-size`) with the field's default,
-help text and choices; booleans also get a `--no-` form.
+help text and choices; booleans also get a `--no-` form. SGLang's `launch_server` spellings
+work too (`--tp-size 1`, `--dtype half`, `--attention-backend torch_native`, ...): the table
+is in `radixflow.runtime.config`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import random
 import sys
 import time
@@ -20,7 +23,14 @@ import types
 import typing
 from typing import Any
 
-from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.config import (
+    SGLANG_IGNORED,
+    SGLANG_RENAMES,
+    SGLANG_VALUES,
+    EngineConfig,
+    check_sglang_option,
+    sglang_value,
+)
 from radixflow.runtime.serving import CHARS_PER_TOKEN, ServerLimits
 
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
@@ -30,12 +40,18 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per `EngineConfig` field; unset flags keep the config's default."""
     group = parser.add_argument_group("engine")
     hints = typing.get_type_hints(EngineConfig)
+    renamed = {ours: sglang for sglang, ours in SGLANG_RENAMES.items()}
     for f in dataclasses.fields(EngineConfig):
         kind = _scalar(hints[f.name])
-        flags = [f"--{f.name.replace('_', '-')}"]
+        flags = [_flag(f.name)]
         if f.name == "model_path":
             flags.append("--model")
-        help_text = f.metadata["help"]
+        if f.name in renamed:
+            flags.append(_flag(renamed[f.name]))
+        choices = f.metadata.get("choices")
+        if choices:  # SGLang's spellings of the values too (`--dtype half`)
+            choices = (*choices, *SGLANG_VALUES.get(f.name, {}))
+        help_text = f.metadata["help"].replace("%", "%%")  # argparse formats help with %
         if f.default is not None:
             help_text += f" (default: {f.default})"
         if kind is bool:
@@ -46,14 +62,32 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         else:
             group.add_argument(
                 *flags, dest=f.name, type=kind, default=f.default,
-                choices=f.metadata.get("choices"), help=help_text,
-                metavar=f.name.upper() if not f.metadata.get("choices") else None,
+                choices=choices, help=help_text,
+                metavar=f.name.upper() if not choices else None,
             )  # fmt: skip
+    ignored = parser.add_argument_group("SGLang flags accepted for compatibility")
+    for name, (takes_value, why) in SGLANG_IGNORED.items():
+        ignored.add_argument(
+            _flag(name), dest=f"sglang_{name}", default=None, help=why.replace("%", "%%"),
+            **({"metavar": "VALUE"} if takes_value else {"action": "store_const", "const": True}),
+        )  # fmt: skip
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The `EngineConfig` fields out of parsed arguments."""
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)}
+    """The `EngineConfig` fields out of parsed arguments (SGLang's values translated); SGLang
+    flags that do not apply here are logged, or raise when their value needs what is absent."""
+    for name in SGLANG_IGNORED:
+        value = getattr(args, f"sglang_{name}", None)
+        if value is not None:
+            check_sglang_option(name, value)
+    return {
+        f.name: sglang_value(f.name, getattr(args, f.name))
+        for f in dataclasses.fields(EngineConfig)
+    }
 
 
 def _scalar(hint: Any) -> type:
@@ -100,8 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--cors-origin", action="append", dest="cors_origins", default=None,
         help="allow cross-origin requests from this origin (repeatable; off by default)",
     )  # fmt: skip
-    serve.add_argument("--served-model-name", default=None, help="model id in /v1 responses")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--served-model-name", nargs="+", default=None,
+        help="model id in /v1 responses; more names are aliases a request may also give",
+    )  # fmt: skip
+    _add_log_level(serve)
     serve.add_argument(
         "--graceful-timeout", type=float, default=30.0,
         help="seconds to let in-flight requests finish on shutdown before aborting them",
@@ -118,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--regex", default=None, help="constrain the output to this regex")
     run.add_argument("--json-schema", default=None, help="constrain the output to this schema")
+    _add_log_level(run, "warning")
     add_engine_flags(run)
 
     bench = sub.add_parser("bench", help="offline throughput on random prompts (no HTTP)")
@@ -125,12 +163,27 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--input-len", type=int, default=128)
     bench.add_argument("--output-len", type=int, default=64)
     bench.add_argument("--bench-seed", type=int, default=0, help="seed of the random prompts")
+    _add_log_level(bench, "warning")
     add_engine_flags(bench)
     return parser
 
 
+def _add_log_level(parser: argparse.ArgumentParser, default: str = "info") -> None:
+    parser.add_argument(
+        "--log-level", default=default, choices=["debug", "info", "warning", "error", "critical"],
+        help=f"level of radixflow's loggers and the HTTP server's (default: {default})",
+    )  # fmt: skip
+
+
+def configure_logging(level: str) -> None:
+    """Send radixflow's own loggers to stderr at `level` (the startup summary, requests)."""
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("radixflow").setLevel(level.upper())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    configure_logging(args.log_level)
     try:
         return {"serve": _serve, "run": _run, "bench": _bench}[args.command](args)
     except ValueError as exc:

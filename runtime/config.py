@@ -1,14 +1,37 @@
-"""Every engine knob, with its default and help text, in one place (the CLI is generated from it)."""
+"""Every engine knob, with its default and help text, in one place (the CLI is generated from it).
+
+SGLang's `launch_server` spellings are accepted too, by the CLI and by
+`EngineConfig.from_kwargs` (which `rf.Runtime(**kwargs)` uses), through one table:
+
+| SGLang flag | here |
+|---|---|
+| --model-path, --tokenizer-path, --dtype, --device, --page-size, --context-length, --max-running-requests, --max-total-tokens, --mem-fraction-static, --chunked-prefill-size, --max-prefill-tokens, --schedule-policy, --disable-radix-cache, --random-seed, --chat-template, --tool-call-parser, --reasoning-parser, --log-requests | the same knob |
+| --dtype half / float / bfloat16 | float16 / float32 / bfloat16 |
+| --attention-backend torch_native / triton | torch / triton (others: error) |
+| --speculative-algorithm NGRAM / STANDALONE | ngram / draft (EAGLE*: error) |
+| --speculative-draft-model-path, --speculative-num-draft-tokens | speculative_draft_model, speculative_num_tokens |
+| --host, --port, --api-key, --served-model-name, --log-level | server options (`radixflow serve`) |
+| --tp-size, --dp-size, --nnodes, --pp-size | only 1 (anything else: error) |
+| --kv-cache-dtype | only auto; --quantization: only none (error otherwise) |
+| --grammar-backend | accepted, logged: radixflow's own grammar engine runs |
+| --enable-metrics, --enable-cache-report | accepted, logged: always on here |
+| --trust-remote-code, --disable-cuda-graph, --cuda-graph-max-bs, --cuda-graph-bs, --enable-torch-compile, --torch-compile-max-bs, --disable-overlap-schedule, --enable-mixed-chunk, --skip-server-warmup, --stream-interval, --watchdog-timeout, --decode-log-interval, --log-level-http, --disable-custom-all-reduce, --sampling-backend, --load-format | accepted, logged as ignored: they tune machinery this engine does not have |
+
+Any other SGLang flag is an unknown option: an error naming it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from radixflow.grammars import GrammarLimits
 from radixflow.grammars.compiler import DEFAULT_CACHE_MB
+
+logger = logging.getLogger(__name__)
 
 _GRAMMAR = GrammarLimits()  # the grammar_<limit> knobs' defaults
 
@@ -22,6 +45,30 @@ class EngineConfig:
     model_path: str | None = _knob(
         None, "HF folder, .gguf file or hub id (from the HF cache); default: SmolLM2-135M-Instruct"
     )
+    tokenizer_path: str | None = _knob(
+        None, "folder (or hub id) of the tokenizer, when it is not the model's own"
+    )
+    chat_template: str | None = _knob(
+        None,
+        "chat template overriding the model's: a jinja file, a JSON file with a chat_template "
+        "key, or a built-in name (chatml, llama-2, llama-3, mistral, gemma, qwen)",
+    )
+    generation_config: str = _knob(
+        "auto",
+        "sampling defaults and extra EOS ids: auto reads the model's generation_config.json, "
+        "a folder reads that folder's, vllm or none ignores it",
+    )
+    tool_call_parser: str | None = _knob(
+        None,
+        "parse the model's own tool-call format into OpenAI tool_calls (tool_choice auto)",
+        ("llama3", "hermes", "qwen25", "qwen3", "mistral"),
+    )
+    reasoning_parser: str | None = _knob(
+        None,
+        "move <think>...</think> reasoning into reasoning_content",
+        ("deepseek-r1", "qwen3"),
+    )
+    log_requests: bool = _knob(False, "log each request: rid, prompt tokens, params, finish")
     dtype: str = _knob(
         "auto", "weight and activation dtype", ("auto", "float32", "bfloat16", "float16")
     )
@@ -89,6 +136,11 @@ class EngineConfig:
     jump_forward: bool = _knob(
         True, "append text a grammar forces in one extend step instead of decoding it"
     )
+    incremental_streaming_output: bool = _knob(
+        False,
+        "/generate streams only the new text, output ids and output logprobs in each chunk "
+        "(SGLang's --incremental-streaming-output); default: cumulative, as SGLang",
+    )
     speculative_algorithm: str = _knob(
         "none",
         "speculative decoding: ngram proposes what followed the context's tail earlier in the "
@@ -113,7 +165,7 @@ class EngineConfig:
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
-            if choices and value not in choices:
+            if choices and value is not None and value not in choices:
                 raise ValueError(f"{f.name} must be one of {choices}, got {value!r}")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
@@ -143,10 +195,113 @@ class EngineConfig:
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        """The config from our knob names or SGLang's (`tp_size`, `dtype="half"`, ...);
+        SGLang knobs this engine has no use for are logged and ignored, unknown ones raise."""
         names = {f.name for f in dataclasses.fields(cls)}
-        for key in kwargs:
-            if key not in names:
-                hint = difflib.get_close_matches(key, names, n=1)
+        ours: dict[str, Any] = {}
+        for key, value in kwargs.items():
+            if key in names:
+                ours[key] = sglang_value(key, value)
+            elif key in SGLANG_RENAMES:
+                ours[SGLANG_RENAMES[key]] = sglang_value(SGLANG_RENAMES[key], value)
+            elif key in SERVER_OPTIONS or key in SGLANG_IGNORED:
+                check_sglang_option(key, value)
+            else:
+                hint = difflib.get_close_matches(key, names | set(SGLANG_RENAMES), n=1)
                 extra = f"; did you mean {hint[0]!r}?" if hint else ""
                 raise ValueError(f"unknown engine option {key!r}{extra}")
-        return cls(**kwargs)
+        return cls(**ours)
+
+
+# -- SGLang's launch_server spellings -------------------------------------------------------
+SGLANG_RENAMES = {
+    "speculative_draft_model_path": "speculative_draft_model",
+    "speculative_num_draft_tokens": "speculative_num_tokens",
+}
+# SGLang value -> ours, per knob; a value in neither set is checked by __post_init__
+SGLANG_VALUES: dict[str, dict[str, Any]] = {
+    "dtype": {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"},
+    "attention_backend": {"torch_native": "torch"},
+    "speculative_algorithm": {"NGRAM": "ngram", "STANDALONE": "draft", "NONE": "none"},
+    "schedule_policy": {"dfs_weight": "dfs-weight"},
+}
+# options of the server, not the engine (`radixflow serve` has them as flags)
+SERVER_OPTIONS = {"host", "port", "api_key", "served_model_name", "log_level"}
+# knob -> (the only value that exists here, why); any other value is an error naming the knob
+SGLANG_SINGLE_VALUE: dict[str, tuple[Any, str]] = {
+    "tp_size": (1, "tensor parallelism is not available here"),
+    "dp_size": (1, "run one server per replica behind sglang-router"),
+    "pp_size": (1, "pipeline parallelism is not available here"),
+    "nnodes": (1, "this engine runs on one node"),
+    "kv_cache_dtype": ("auto", "the KV cache uses the model dtype"),
+    "quantization": (None, "load a GGUF file for quantized weights"),
+}
+# knob -> (takes a value on the command line, why it is ignored)
+SGLANG_IGNORED: dict[str, tuple[bool, str]] = {
+    **{k: (True, why) for k, (_, why) in SGLANG_SINGLE_VALUE.items()},
+    "grammar_backend": (True, "radixflow's own grammar engine runs"),
+    "enable_metrics": (False, "/metrics is always served"),
+    "enable_cache_report": (False, "cached_tokens is always reported"),
+    "trust_remote_code": (False, "no model code is ever loaded from the checkpoint"),
+    "disable_cuda_graph": (False, "no CUDA graphs here"),
+    "cuda_graph_max_bs": (True, "no CUDA graphs here"),
+    "cuda_graph_bs": (True, "no CUDA graphs here"),
+    "enable_torch_compile": (False, "no torch.compile here"),
+    "torch_compile_max_bs": (True, "no torch.compile here"),
+    "disable_overlap_schedule": (False, "the scheduler does not overlap steps"),
+    "enable_mixed_chunk": (False, "prefill chunks and decodes already share steps"),
+    "skip_server_warmup": (False, "the warm-up is one short generation"),
+    "stream_interval": (True, "streams send every token"),
+    "watchdog_timeout": (True, "no watchdog here"),
+    "decode_log_interval": (True, "no periodic decode log"),
+    "log_level_http": (True, "HTTP access logs follow --log-level"),
+    "disable_custom_all_reduce": (False, "no all-reduce here"),
+    "sampling_backend": (True, "one sampler (torch)"),
+    "load_format": (True, "safetensors or GGUF, chosen by the files"),
+}
+
+
+def sglang_value(knob: str, value: Any) -> Any:
+    return SGLANG_VALUES.get(knob, {}).get(value, value) if isinstance(value, str) else value
+
+
+def check_sglang_option(knob: str, value: Any) -> None:
+    """Raise for a single-value knob set to another value; log the rest as ignored."""
+    if knob in SGLANG_SINGLE_VALUE:
+        only, why = SGLANG_SINGLE_VALUE[knob]
+        if value is not None and str(value) != str(only):
+            raise ValueError(f"{knob}={value!r} is not supported: {why} (only {only!r})")
+        return
+    if knob in SERVER_OPTIONS:
+        logger.info("%s=%r is a server option; ignored by the in-process engine", knob, value)
+        return
+    logger.warning("%s=%r ignored: %s", knob, value, SGLANG_IGNORED[knob][1])
+
+
+def startup_summary(engine: Any) -> str:
+    """One line: model, dtype, KV pool in tokens and GiB, attention kernels, grammar engine."""
+    pool = engine.runner.pool
+    hf = engine.runner.hf_config
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
+    gib = 2 * hf.num_hidden_layers * kv_heads * head_dim * pool.capacity_tokens
+    gib *= engine.runner.dtype.itemsize / 2**30
+    return (
+        f"model {engine.model_dir} | dtype {str(engine.runner.dtype).removeprefix('torch.')} | "
+        f"device {engine.runner.device} | KV pool {pool.capacity_tokens} tokens "
+        f"({gib:.2f} GiB) | context {engine.context_length} | attention "
+        f"{engine.runner.attention_backend} | grammar backend radixflow | "
+        f"chat template {engine.config.chat_template or 'from the model'} | tool-call parser "
+        f"{engine.config.tool_call_parser} | reasoning parser {engine.config.reasoning_parser}"
+    )
+
+
+def request_log_line(req: Any) -> str:
+    """`--log-requests`: one finished request (rid, prompt tokens, params, finish)."""
+    params = {
+        k: v for k, v in dataclasses.asdict(req.params).items() if v not in (None, [], {}, "")
+    }
+    return (
+        f"request {req.rid}: prompt_tokens={len(req.prompt_ids)} cached={req.cached_tokens} "
+        f"completion_tokens={len(req.output_ids)} params={params} finish={req.finish_reason}"
+    )

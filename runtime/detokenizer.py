@@ -1,8 +1,17 @@
-"""Incremental detokenization and stop-string detection for one output stream."""
+"""Incremental detokenization and stop-string / stop-regex detection for one output stream."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import regex
+
+# Seconds one stop_regex search may take: a pathological pattern fails its own request.
+STOP_REGEX_TIMEOUT = 0.25
+
+
+class StopRegexTimeout(ValueError):
+    """A stop_regex search ran past STOP_REGEX_TIMEOUT."""
 
 
 @dataclass
@@ -19,6 +28,7 @@ class IncrementalDetokenizer:
     spaces_between_special_tokens: bool = True
     stop_strings: list[str] = field(default_factory=list)
     no_stop_trim: bool = False
+    stop_regexes: list[str] = field(default_factory=list)
     text: str = ""
     _prefix_offset: int = 0
     _read_offset: int = 0
@@ -31,7 +41,8 @@ class IncrementalDetokenizer:
         )
 
     def update(self, ids: list[int]) -> str | None:
-        """Consume ids (the whole output so far); returns the stop string matched, if any."""
+        """Consume ids (the whole output so far); returns the stop string (or the stop_regex
+        pattern) matched, if any, after trimming the text there."""
         prefix_text = self._decode(ids[self._prefix_offset : self._read_offset])
         new_text = self._decode(ids[self._prefix_offset :])
         if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
@@ -56,14 +67,36 @@ class IncrementalDetokenizer:
             self.text += rest[len(held) :]
         self._prefix_offset = self._read_offset = len(ids)
 
+    @property
+    def stream_text(self) -> str:
+        """The text safe to stream: without a tail that may still grow into a stop string, so
+        every streamed text is a prefix of the final one."""
+        hold = 0
+        for stop in self.stop_strings:
+            for k in range(min(len(stop) - 1, len(self.text)), hold, -1):
+                if self.text.endswith(stop[:k]):
+                    hold = k
+                    break
+        return self.text[: len(self.text) - hold]
+
     def _find_stop(self, old_len: int) -> str | None:
-        hits = []
+        hits = []  # (start, end, what matched)
         for stop in self.stop_strings:
             pos = self.text.find(stop, max(0, old_len - len(stop) + 1))
             if pos != -1:
-                hits.append((pos, stop))
+                hits.append((pos, pos + len(stop), stop))
+        for pattern in self.stop_regexes:
+            # A match may start anywhere before the new text, so the whole text is searched.
+            try:
+                found = regex.search(pattern, self.text, timeout=STOP_REGEX_TIMEOUT)
+            except TimeoutError:
+                raise StopRegexTimeout(
+                    f"stop_regex {pattern!r} took over {STOP_REGEX_TIMEOUT} s to search"
+                ) from None
+            if found is not None:
+                hits.append((found.start(), found.end(), pattern))
         if not hits:
             return None
-        pos, stop = min(hits)
-        self.text = self.text[: pos + len(stop)] if self.no_stop_trim else self.text[:pos]
-        return stop
+        start, end, matched = min(hits)
+        self.text = self.text[:end] if self.no_stop_trim else self.text[:start]
+        return matched

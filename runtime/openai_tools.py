@@ -7,17 +7,28 @@ What the model writes, and the JSON Schema that forces it (compact JSON, no whit
     tool_choice auto     ->  the list above, or {"content":"plain answer"}
 
 The tools and this format are described to the model in a system message.
+
+With `--tool-call-parser`, `tool_choice` auto (or unset) takes the model's own route instead
+(`ChatReply`): the tools go to the model's chat template (`tools=`), the model writes calls in
+its trained format, and the parser reads them back; `--reasoning-parser` splits `<think>`
+reasoning off first. "required" and a named function keep the constrained path above.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from radixflow.runtime.openai_protocol import ChatMessage, NamedToolChoice, Tool
+from radixflow.runtime.reasoning_parser import ReasoningParser, ReasoningStream, reasoning_parser
 from radixflow.runtime.serving import APIError
+from radixflow.runtime.tool_parsers import (
+    ToolCallParser,
+    ToolCallStream,
+    tool_call,
+    tool_call_parser,
+)
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -126,15 +137,6 @@ def _cut_answer(text: str) -> str:
     return text
 
 
-def tool_call(name: str, arguments: Any, call_id: str | None = None) -> dict[str, Any]:
-    """One entry of an assistant message's `tool_calls`, arguments as JSON text."""
-    return {
-        "id": call_id or f"call_{uuid.uuid4().hex[:24]}",
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
-    }
-
-
 def _call_schema(tool: Tool) -> dict[str, Any]:
     return {
         "type": "object",
@@ -147,11 +149,26 @@ def _call_schema(tool: Tool) -> dict[str, Any]:
     }
 
 
-def history_message(message: ChatMessage) -> dict[str, Any]:
-    """A request message as the chat template takes it; earlier tool calls become the JSON the
-    model would have written, so the conversation shows it the format it is asked for."""
+def history_message(message: ChatMessage, native_tools: bool = False) -> dict[str, Any]:
+    """A request message as the chat template takes it. Earlier tool calls become the JSON the
+    model would have written, so the conversation shows it the format it is asked for; with
+    `native_tools` (a tool-call parser reads the model's own format) they stay structured for
+    the template to write in that format."""
     role = "system" if message.role == "developer" else message.role
     content = message.text()
+    if message.tool_calls and native_tools:
+        out_calls = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {
+                    "name": c.function.name,
+                    "arguments": _arguments(c.function.arguments),
+                },
+            }
+            for c in message.tool_calls
+        ]
+        return {"role": role, "content": content, "tool_calls": out_calls}
     if message.tool_calls:
         calls = [
             {"name": c.function.name, "arguments": _arguments(c.function.arguments)}
@@ -173,3 +190,101 @@ def _arguments(text: str) -> Any:
         raise APIError(
             "tool_calls[].function.arguments must be JSON text", param="messages"
         ) from None
+
+
+@dataclass
+class ChatReply:
+    """How the chat route reads a reply in the model's own formats: reasoning first, then
+    tool calls. Built per request; inactive (None from `for_request`) when neither applies."""
+
+    tool_parser: ToolCallParser | None
+    tool_names: set[str]
+    reasoning: ReasoningParser | None
+    stream_reasoning: bool = True
+
+    @classmethod
+    def for_request(
+        cls,
+        config: Any,
+        plan: ToolPlan | None,
+        separate_reasoning: bool = True,
+        stream_reasoning: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> ChatReply | None:
+        parser = None
+        if plan is not None and plan.mode == "auto" and config.tool_call_parser:
+            parser = tool_call_parser(config.tool_call_parser)
+        reasoning = reasoning_parser(config.reasoning_parser, separate_reasoning, template_kwargs)
+        if parser is None and reasoning is None:
+            return None
+        names = {t.function.name for t in plan.tools} if parser is not None and plan else set()
+        return cls(parser, names, reasoning, stream_reasoning)
+
+    def sampling_overrides(self) -> dict[str, Any]:
+        """Sampling params the formats need (special-token markers kept in the text)."""
+        if self.tool_parser is not None and self.tool_parser.keeps_special_tokens:
+            return {"skip_special_tokens": False}
+        return {}
+
+    def message(self, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """The assistant message fields (content, reasoning_content, tool_calls) and the
+        finish reason ("tool_calls" when the reply called tools)."""
+        reasoning, content = self.reasoning.split(text) if self.reasoning else (None, text)
+        out: dict[str, Any] = {"content": content}
+        if reasoning is not None:
+            out["reasoning_content"] = reasoning.rstrip()
+        if self.tool_parser is not None:
+            rest, calls = self.tool_parser.parse(content, self.tool_names)
+            if calls:
+                return {**out, "content": rest, "tool_calls": calls}, "tool_calls"
+        return out, reason
+
+    def stream(self) -> ChatReplyStream:
+        return ChatReplyStream(self)
+
+
+@dataclass
+class ChatReplyStream:
+    """One streamed choice: `feed(cumulative text, finish reason)` gives the delta to send."""
+
+    reply: ChatReply
+    reasoning: ReasoningStream | None = None
+    tools: ToolCallStream | None = None
+    held_reasoning: str = ""
+    _sent_content: int = 0
+
+    def __post_init__(self) -> None:
+        if self.reply.reasoning is not None:
+            self.reasoning = ReasoningStream(self.reply.reasoning)
+        if self.reply.tool_parser is not None:
+            self.tools = ToolCallStream(self.reply.tool_parser, self.reply.tool_names)
+
+    def feed(self, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
+        final = reason is not None
+        if self.reasoning is not None:
+            r_delta, _ = self.reasoning.feed(text, final)
+            content = self.reply.reasoning.split(text, final)[1]  # type: ignore[union-attr]
+        else:
+            r_delta, content = "", text
+        delta: dict[str, Any] = {}
+        if not self.reply.stream_reasoning:  # reasoning goes out whole, once it has ended
+            self.held_reasoning += r_delta
+            r_delta = ""
+            if (content or final) and self.held_reasoning:
+                r_delta, self.held_reasoning = self.held_reasoning, ""
+        if r_delta:
+            delta["reasoning_content"] = r_delta
+        if self.tools is None:
+            c_delta = content[self._sent_content :]
+            self._sent_content = max(self._sent_content, len(content))
+        else:
+            c_delta = self.tools.feed(content)
+            if final:
+                rest, calls = self.tools.finish(content)
+                c_delta += rest
+                if calls:
+                    delta["tool_calls"] = [{"index": j, **c} for j, c in enumerate(calls)]
+                    reason = "tool_calls"
+        if c_delta:
+            delta["content"] = c_delta
+        return delta, reason

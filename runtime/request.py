@@ -18,6 +18,7 @@ class LogprobRequest:
     return_logprob: bool = False
     logprob_start_len: int = -1  # first prompt position with input logprobs; -1: none
     top_logprobs_num: int = 0
+    token_ids: list[int] | None = None  # token ids whose logprobs every position reports
 
 
 @dataclass
@@ -49,6 +50,8 @@ class Req:
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprobs: list[float | None] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    output_token_ids_logprobs: list[list[float]] = field(default_factory=list)
+    input_token_ids_logprobs: list[list[float] | None] = field(default_factory=list)
     created: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     retractions: int = 0

@@ -263,6 +263,7 @@ class SampleOutput:
     # penalties, temperature and filtering: what the model believes, comparable across requests.
     logprobs: torch.Tensor | None  # [B] of the chosen tokens
     top_logprobs: tuple[torch.Tensor, torch.Tensor] | None  # (values [B, K], ids [B, K]), sorted
+    all_logprobs: torch.Tensor | None = None  # [B, V], with return_all_logprobs
 
 
 class Sampler:
@@ -281,6 +282,7 @@ class Sampler:
         batch: SamplingBatch,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
+        return_all_logprobs: bool = False,
     ) -> SampleOutput:
         """Next token of every row of `logits` [B, V]; logprobs when asked (see SampleOutput)."""
         logits = _check_logits(logits, batch)
@@ -293,15 +295,20 @@ class Sampler:
             next_ids = _inverse_cdf(probs, u)
             if batch.any_greedy:
                 next_ids = torch.where(batch.greedy, adjusted.argmax(dim=-1), next_ids)
-        logprobs = top = None
-        if return_logprob or top_logprobs_num > 0:
+        logprobs = top = all_logprobs = None
+        if return_logprob or top_logprobs_num > 0 or return_all_logprobs:
             all_logprobs = torch.log_softmax(logits, dim=-1)
             if return_logprob:
                 logprobs = all_logprobs.gather(1, next_ids.unsqueeze(1)).squeeze(1)
             if top_logprobs_num > 0:
                 values, ids = all_logprobs.topk(min(top_logprobs_num, batch.vocab_size), dim=-1)
                 top = (values, ids)
-        return SampleOutput(next_token_ids=next_ids, logprobs=logprobs, top_logprobs=top)
+        return SampleOutput(
+            next_token_ids=next_ids,
+            logprobs=logprobs,
+            top_logprobs=top,
+            all_logprobs=all_logprobs if return_all_logprobs else None,
+        )
 
     def probs(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """The distribution `sample` draws from, [B, V]: one-hot at the argmax for greedy rows."""

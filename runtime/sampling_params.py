@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import regex
+
 # Below this temperature a request is decoded greedily (dividing by it would overflow).
 GREEDY_TEMPERATURE = 1e-6
 MAX_N = 128
@@ -32,6 +34,16 @@ _BOOL_FIELDS = (
 )
 _STR_FIELDS = ("regex", "ebnf", "lark")
 _GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf", "lark")
+# SGLang sampling parameters this server does not implement: a request that sets one gets a
+# 400 naming it (null, and the value that means "off", are accepted).
+UNSUPPORTED = {
+    "structural_tag": "structural tags are not supported; use json_schema, regex or ebnf",
+    "custom_params": "custom logit processors are not supported",
+    "watermark": "watermarking is not supported",
+    "beam_width": "beam search is not supported",
+    "stream_interval": "per-request stream intervals are not supported; every step streams",
+}
+_UNSUPPORTED_OFF = {"beam_width": (1,), "stream_interval": (1,)}
 
 
 def _is_int(v: object) -> bool:
@@ -72,11 +84,13 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     logit_bias: dict[int, float] | None = None
+    stop_regex: str | list[str] | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
         """Build from a request's JSON object; unknown keys and wrong types raise ValueError.
 
+        As in SGLang, null means the default and `sampling_seed` is another name for `seed`;
         `logit_bias` keys may be decimal strings (JSON objects only have string keys).
         """
         if d is None:
@@ -84,12 +98,23 @@ class SamplingParams:
         if not isinstance(d, dict):
             raise ValueError(f"sampling parameters must be a dict, got {type(d).__name__}")
         names = [f.name for f in dataclasses.fields(cls)]
-        for key in d:
-            if key not in names:
-                close = difflib.get_close_matches(str(key), names, n=1)
+        for key, value in d.items():
+            if key in UNSUPPORTED:
+                if value is not None and value not in _UNSUPPORTED_OFF.get(key, ()):
+                    raise ValueError(
+                        f"sampling parameter {key!r} is not supported by this server: "
+                        f"{UNSUPPORTED[key]}"
+                    )
+            elif key not in names and key != "sampling_seed":
+                close = difflib.get_close_matches(str(key), [*names, "sampling_seed"], n=1)
                 hint = f"; did you mean '{close[0]}'?" if close else ""
                 raise ValueError(f"unknown sampling parameter {key!r}{hint}")
-        kwargs = dict(d)
+        kwargs = {k: v for k, v in d.items() if v is not None and k not in UNSUPPORTED}
+        if "sampling_seed" in kwargs:
+            seed = kwargs.pop("sampling_seed")
+            if "seed" in kwargs and kwargs["seed"] != seed:
+                raise ValueError("sampling parameters 'sampling_seed' and 'seed' disagree")
+            kwargs["seed"] = seed
         bias = kwargs.get("logit_bias")
         if isinstance(bias, dict):
             kwargs["logit_bias"] = {_token_key(k): v for k, v in bias.items()}
@@ -121,8 +146,10 @@ class SamplingParams:
             raise _fail("json_schema", "must be a JSON string or a dict", self.json_schema)
         if self.seed is not None and not _is_int(self.seed):
             raise _fail("seed", "must be an integer", self.seed)
-        if self.stop is not None and not isinstance(self.stop, str | list):
-            raise _fail("stop", "must be a string or a list of strings", self.stop)
+        for name in ("stop", "stop_regex"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str | list):
+                raise _fail(name, "must be a string or a list of strings", value)
         if self.stop_token_ids is not None:
             if not isinstance(self.stop_token_ids, list | tuple) or not all(
                 _is_int(t) for t in self.stop_token_ids
@@ -181,6 +208,8 @@ class SamplingParams:
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
         if not all(isinstance(s, str) and s for s in stops):
             raise _fail("stop", "must hold only non-empty strings", self.stop)
+        for pattern in self.stop_regex_patterns:
+            _check_stop_regex(pattern)
         for t in self.stop_token_ids or []:
             if t < 0 or (vocab_size is not None and t >= vocab_size):
                 raise _fail("stop_token_ids", _id_range(vocab_size), t)
@@ -205,6 +234,12 @@ class SamplingParams:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def stop_regex_patterns(self) -> list[str]:
+        if self.stop_regex is None:
+            return []
+        return [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex)
 
     @property
     def grammar(self) -> tuple[str, str | dict[str, Any]] | None:
@@ -232,6 +267,18 @@ class SamplingParams:
             self.copy(n=1, seed=None if self.seed is None else (self.seed + i) % 2**64)
             for i in range(self.n)
         ]
+
+
+def _check_stop_regex(pattern: object) -> None:
+    if not isinstance(pattern, str) or not pattern:
+        raise _fail("stop_regex", "must hold only non-empty strings", pattern)
+    try:
+        compiled = regex.compile(pattern)
+    except (regex.error, RecursionError, OverflowError) as exc:
+        raise _fail("stop_regex", f"must be a valid regular expression ({exc})", pattern) from None
+    if compiled.fullmatch("") is not None:
+        # It would match before the first token: the output would always be empty.
+        raise _fail("stop_regex", "must not match the empty string", pattern)
 
 
 def _token_key(key: object) -> object:

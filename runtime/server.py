@@ -30,11 +30,16 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 import radixflow
-from radixflow.runtime import openai_api
+from radixflow.runtime import openai_api, openai_responses
 from radixflow.runtime.heap import trim_heap_periodically
 from radixflow.runtime.http_guard import Keys, RequestGuard
 from radixflow.runtime.metrics import CONTENT_TYPE, ServerMetrics
-from radixflow.runtime.native_protocol import AbortRequest, GenerateRequest
+from radixflow.runtime.native_protocol import (
+    AbortRequest,
+    GenerateRequest,
+    PromptLogprobs,
+    check_extra_fields,
+)
 from radixflow.runtime.serving import (
     APIError,
     EngineClient,
@@ -65,22 +70,26 @@ def create_app(
     api_key: str | None = None,
     admin_api_key: str | None = None,
     cors_origins: list[str] | None = None,
-    served_model_name: str | None = None,
+    served_model_name: str | list[str] | None = None,
     owns_engine: bool = False,
     limits: ServerLimits | None = None,
 ) -> FastAPI:
     """The app over `engine`. Startup runs a warm-up generation before /health turns 200;
-    with `owns_engine`, shutdown aborts what is in flight and shuts the engine down."""
+    with `owns_engine`, shutdown aborts what is in flight and shuts the engine down.
+    `served_model_name` may be a list: the first is the main name, the rest aliases."""
     metrics = ServerMetrics(engine)
     model_path = engine.config.model_path or str(engine.model_dir)
     limits = limits or ServerLimits()
+    names = [served_model_name] if isinstance(served_model_name, str) else served_model_name
+    names = list(dict.fromkeys(names or [engine.config.model_path or Path(model_path).name]))
     ctx = ServerContext(
         engine=engine,
         client=EngineClient(engine, metrics, limits),
         metrics=metrics,
-        served_model_name=served_model_name or engine.config.model_path or Path(model_path).name,
+        served_model_name=names[0],
         model_path=model_path,
         keys=Keys(api_key, admin_api_key),
+        model_aliases=tuple(names[1:]),
     )
 
     @asynccontextmanager
@@ -123,6 +132,7 @@ def create_app(
     app.add_api_route("/health", health, methods=["GET"])
     app.include_router(native_router)
     app.include_router(openai_api.router)
+    app.include_router(openai_responses.router)
     return app
 
 
@@ -154,39 +164,44 @@ async def require_admin(request: Request) -> None:
 
 
 def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
-    def answer(err: APIError) -> JSONResponse:
+    def answer(err: APIError, request: Request) -> JSONResponse:
         metrics.errors.labels(str(err.status)).inc()
-        return StrictJSONResponse(err.body(), status_code=err.status)
+        openai_shape = request.url.path.startswith("/v1/")  # native routes keep SGLang's shape
+        body = openai_api.error_body(err) if openai_shape else err.body()
+        return StrictJSONResponse(body, status_code=err.status)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        return answer(exc)
+        return answer(exc, request)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
         loc = [str(p) for p in first.get("loc", ()) if _is_field(p)]
+        if first.get("type") == "unknown_field":  # raised by the model that holds the field
+            loc.append(first["ctx"]["field"])
         if first.get("type") == "json_invalid":
-            return answer(APIError(f"malformed JSON body: {first.get('msg')}"))
+            return answer(APIError(f"malformed JSON body: {first.get('msg')}"), request)
         param = ".".join(loc) or None
         where = f"{param}: " if param else "request body: "
-        return answer(APIError(where + first.get("msg", "invalid value"), param=param))
+        return answer(APIError(where + first.get("msg", "invalid value"), param=param), request)
 
     @app.exception_handler(ValueError)
     async def value_error(request: Request, exc: ValueError) -> JSONResponse:
-        return answer(APIError.from_value_error(exc))
+        return answer(APIError.from_value_error(exc), request)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         kind = _ERROR_TYPES.get(exc.status_code, "invalid_request_error")
-        return answer(APIError(str(exc.detail), exc.status_code, type=kind))
+        return answer(APIError(str(exc.detail), exc.status_code, type=kind), request)
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s", request.url.path)
         # The exception stays in the log: its text can hold internals a client must not see.
         return answer(
-            APIError("internal server error (see the server log)", 500, type="server_error")
+            APIError("internal server error (see the server log)", 500, type="server_error"),
+            request,
         )
 
 
@@ -224,17 +239,40 @@ async def health_generate(request: Request) -> Response:
     return Response(status_code=200 if ok else 503)
 
 
+@native_router.get("/model_info")
 @native_router.get("/get_model_info")
 async def get_model_info(request: Request) -> dict[str, Any]:
+    """SGLang's model info (the router reads it from /model_info, then /get_model_info)."""
     ctx: ServerContext = request.app.state.ctx
+    hf_config = ctx.engine.runner.hf_config
     return {
         "model_path": ctx.model_path,
         "tokenizer_path": ctx.model_path,
         "served_model_name": ctx.served_model_name,
         "is_generation": True,
+        "model_type": getattr(hf_config, "model_type", None),
+        "architectures": getattr(hf_config, "architectures", None),
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
         "context_length": ctx.engine.context_length,
         "vocab_size": ctx.engine.vocab_size,
     }
+
+
+@native_router.get("/get_load")
+async def get_load(request: Request) -> list[dict[str, Any]]:
+    """What SGLang's router balances on, one entry per data-parallel rank (it sums
+    `num_tokens`): requests running and waiting, KV tokens held (the prefix cache's too)."""
+    engine = request.app.state.ctx.engine
+    pages_used = engine.kv_pages_total() - engine.kv_pages_free()
+    return [
+        {
+            "dp_rank": 0,
+            "num_reqs": len(engine.scheduler.running),
+            "num_waiting_reqs": len(engine.scheduler.waiting),
+            "num_tokens": pages_used * engine.config.page_size,
+        }
+    ]
 
 
 @native_router.get("/server_info")
@@ -291,9 +329,11 @@ async def metrics(request: Request) -> Response:
 @native_router.post("/generate")
 @native_router.put("/generate", include_in_schema=False)
 async def generate(body: GenerateRequest, request: Request):
-    """SGLang's /generate: text or input_ids, one or a batch; SSE with cumulative text."""
+    """SGLang's /generate: text or input_ids, one or a batch. Streams are SSE chunks with the
+    cumulative text (only the new part with --incremental-streaming-output, as SGLang)."""
     ctx: ServerContext = request.app.state.ctx
     client = ctx.client
+    check_extra_fields(body.model_extra)
     if (body.text is None) == (body.input_ids is None):
         raise APIError("give exactly one of text or input_ids", param="text")
     if body.text is not None:
@@ -309,46 +349,100 @@ async def generate(body: GenerateRequest, request: Request):
     params = body.sampling_params
     params_list = params if isinstance(params, list) else [params] * len(prompts)
     batch = client.build(prompts, params_list, body.rid)
-    logprob = LogprobArgs(
-        return_logprob=body.return_logprob,
-        logprob_start_len=None if body.logprob_start_len < 0 else body.logprob_start_len,
-        top_logprobs_num=body.top_logprobs_num,
+    logprobs = PromptLogprobs.from_request(body, prompts)
+    for sub in batch.subs:
+        sub.logprob = _sub_logprob(logprobs.per_prompt[sub.prompt_index], sub.params)
+    shape = _OutputShape(
+        ctx, logprobs.with_text, body.return_prompt_token_ids, [s.input_ids for s in batch.subs]
     )
     many = batched or len(batch.subs) > 1
     if body.stream:
-        chunks = await client.stream(batch, logprob)
-        return SSEResponse(
-            _generate_stream(ctx, chunks, many, body.return_text_in_logprobs), chunks
-        )
-    results = await client.generate(batch, logprob, request)
-    out = [_native_output(ctx, r, body.return_text_in_logprobs) for r in results]
+        chunks = await client.stream(batch, LogprobArgs())
+        incremental = bool(getattr(ctx.engine.config, "incremental_streaming_output", False))
+        return SSEResponse(_generate_stream(shape, chunks, many, incremental), chunks)
+    results = await client.generate(batch, LogprobArgs(), request)
+    out = [shape.render(i, r) for i, r in enumerate(results)]
     return out if many else out[0]
 
 
-async def _generate_stream(ctx: ServerContext, chunks: EngineStream, many: bool, with_text: bool):
+def _sub_logprob(args: LogprobArgs, params: dict[str, Any] | None) -> LogprobArgs:
+    """A prefill-only request that asks for logprobs without logprob_start_len scores its whole
+    prompt: SGLang's frontend sends no start when it scores choices without their context
+    (select's unconditional_likelihood_normalized), expecting every prompt token's logprob."""
+    prefill_only = (params or {}).get("max_new_tokens") == 0
+    if args.return_logprob and args.logprob_start_len is None and prefill_only:
+        return dataclasses.replace(args, logprob_start_len=0)
+    return args
+
+
+async def _generate_stream(
+    shape: _OutputShape, chunks: EngineStream, many: bool, incremental: bool
+):
+    sent: dict[int, tuple[int, int]] = {}  # sub index -> (text chars, output ids) already sent
     async for i, item in chunks:
-        out = _native_output(ctx, item, with_text)
+        out = shape.render(i, item)
+        if incremental:
+            out = _increment(out, *sent.get(i, (0, 0)))
+            sent[i] = (sent.get(i, (0, 0))[0] + len(out["text"]), len(item["output_ids"]))
         if many:
             out["index"] = i
         yield sse(out)
     yield "data: [DONE]\n\n"
 
 
-def _native_output(ctx: ServerContext, result: dict[str, Any], with_text: bool) -> dict[str, Any]:
-    """The engine's result; logprob entries get their token text with return_text_in_logprobs."""
-    if not with_text:
-        return result
-    meta = dict(result["meta_info"])
-    name = ctx.client.token_text
-    for key in ("output_token_logprobs", "input_token_logprobs"):
+# Per-output-token meta_info lists, sliced like the output ids in incremental streaming.
+_PER_OUTPUT_TOKEN = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
+
+
+def _increment(out: dict[str, Any], text_sent: int, ids_sent: int) -> dict[str, Any]:
+    """The part of a cumulative chunk not sent yet. A stop_regex can trim text already
+    streamed (as in SGLang); then nothing more is sent."""
+    meta = dict(out["meta_info"])
+    for key in _PER_OUTPUT_TOKEN:
         if key in meta:
-            meta[key] = [(lp, t, name(t)) for lp, t, _ in meta[key]]
-    for key in ("output_top_logprobs", "input_top_logprobs"):
-        if key in meta:
-            meta[key] = [
-                None if row is None else [(lp, t, name(t)) for lp, t, _ in row] for row in meta[key]
-            ]
-    return {**result, "meta_info": meta}
+            meta[key] = meta[key][ids_sent:]
+    return {
+        **out,
+        "text": out["text"][text_sent:],
+        "output_ids": out["output_ids"][ids_sent:],
+        "meta_info": meta,
+    }
+
+
+@dataclasses.dataclass
+class _OutputShape:
+    """How /generate renders the engine's results: logprob entries get their token text with
+    return_text_in_logprobs; the prompt's ids come back with return_prompt_token_ids."""
+
+    ctx: ServerContext
+    with_text: bool
+    with_prompt_ids: bool
+    prompt_ids: list[list[int]]  # per sub-request
+
+    def render(self, i: int, result: dict[str, Any]) -> dict[str, Any]:
+        out = dict(result)
+        if self.with_prompt_ids:
+            out["prompt_token_ids"] = self.prompt_ids[i]
+        if not self.with_text:
+            return out
+        meta = dict(result["meta_info"])
+        name = self.ctx.client.token_text
+        for key in ("output_token_logprobs", "input_token_logprobs"):
+            if key in meta:
+                meta[key] = [(lp, t, name(t)) for lp, t, _ in meta[key]]
+        for key in (
+            "output_top_logprobs",
+            "input_top_logprobs",
+            "output_token_ids_logprobs",
+            "input_token_ids_logprobs",
+        ):
+            if key in meta:
+                meta[key] = [
+                    None if row is None else [(lp, t, name(t)) for lp, t, _ in row]
+                    for row in meta[key]
+                ]
+        out["meta_info"] = meta
+        return out
 
 
 def serve(
@@ -359,7 +453,7 @@ def serve(
     api_key: str | None = None,
     admin_api_key: str | None = None,
     cors_origins: list[str] | None = None,
-    served_model_name: str | None = None,
+    served_model_name: str | list[str] | None = None,
     log_level: str = "info",
     graceful_timeout: float = 30.0,
     limits: ServerLimits | None = None,

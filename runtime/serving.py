@@ -70,6 +70,15 @@ class LogprobArgs:
     return_logprob: bool = False
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None
+    token_ids_logprob: list[int] | None = None
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        return {
+            "return_logprob": self.return_logprob,
+            "logprob_start_len": self.logprob_start_len,
+            "top_logprobs_num": self.top_logprobs_num,
+            "token_ids_logprob": self.token_ids_logprob,
+        }
 
 
 @dataclass(frozen=True)
@@ -95,13 +104,15 @@ CHARS_PER_TOKEN = 16
 @dataclass
 class SubRequest:
     """One engine request: token ids, n=1 sampling params, the index of its prompt, the name
-    responses show for it and its (random) engine rid."""
+    responses show for it, its (random) engine rid and, when they differ per prompt, its own
+    logprob options."""
 
     input_ids: list[int]
     params: dict[str, Any]
     prompt_index: int
     name: str = ""
     rid: str = field(default_factory=lambda: secrets.token_hex(16))
+    logprob: LogprobArgs | None = None
 
 
 @dataclass
@@ -273,10 +284,8 @@ class EngineClient:
         result = await self.engine.async_generate(
             input_ids=sub.input_ids,
             sampling_params=sub.params,
-            return_logprob=logprob.return_logprob,
-            logprob_start_len=logprob.logprob_start_len,
-            top_logprobs_num=logprob.top_logprobs_num,
             rid=sub.rid,
+            **(sub.logprob or logprob).engine_kwargs(),
         )
         return _named(result, sub)
 
@@ -294,11 +303,9 @@ class EngineClient:
                     await self.engine.async_generate(
                         input_ids=s.input_ids,
                         sampling_params=s.params,
-                        return_logprob=logprob.return_logprob,
-                        logprob_start_len=logprob.logprob_start_len,
-                        top_logprobs_num=logprob.top_logprobs_num,
                         stream=True,
                         rid=s.rid,
+                        **(s.logprob or logprob).engine_kwargs(),
                     )
                 )
         except BaseException:
@@ -402,6 +409,12 @@ class ServerContext:
     keys: Keys
     started: int = field(default_factory=lambda: int(time.time()))
     ready: bool = False
+    model_aliases: tuple[str, ...] = ()  # more names /v1 answers to (--served-model-name a b)
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every name a /v1 request may give as `model`, the main one first."""
+        return (self.served_model_name, *self.model_aliases)
 
 
 def _one_sample(raw: dict[str, Any], sp: SamplingParams, i: int) -> dict[str, Any]:
@@ -410,6 +423,7 @@ def _one_sample(raw: dict[str, Any], sp: SamplingParams, i: int) -> dict[str, An
         return raw
     out = {**raw, "n": 1}
     if sp.seed is not None:
+        out.pop("sampling_seed", None)  # SGLang's name for the seed
         out["seed"] = (sp.seed + i) % 2**64
     return out
 

@@ -59,6 +59,7 @@ def start_server(engine: Any, **app_kwargs: Any) -> RunningServer:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
+    app_kwargs.setdefault("served_model_name", "m")  # the `model` the server tests send
     app = create_app(engine, **app_kwargs)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)

@@ -1,4 +1,5 @@
-"""Programs end to end on the default model (float32), on Runtime, RuntimeEndpoint and OpenAI.
+"""Programs end to end on the default model (float32, marked slow), on Runtime, RuntimeEndpoint
+and OpenAI; SGLang's backend API (the tiny-model tests at the end).
 
 One engine serves all three: `Runtime(engine=...)` in process, and our server (runtime/server.py,
 uvicorn on a free local port) for RuntimeEndpoint and the OpenAI backend.
@@ -15,12 +16,11 @@ import time
 import httpx
 import jsonschema
 import pytest
+import transformers
 import uvicorn
 
 import radixflow as rf
 from radixflow.runtime.server import create_app
-
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,7 @@ def chat_program(s, question):
     s += rf.assistant(rf.gen("number", max_tokens=6))
 
 
+@pytest.mark.slow
 def test_chat_text_is_the_tokenizer_template(runtime):
     state = chat_program.run("What is the capital of France?", temperature=0, backend=runtime)
     assert state.text() == runtime.tokenizer.apply_chat_template(state.messages(), tokenize=False)
@@ -85,6 +86,7 @@ def test_chat_text_is_the_tokenizer_template(runtime):
     assert "Paris" in state["answer"]
 
 
+@pytest.mark.slow
 def test_same_greedy_output_on_runtime_and_endpoint(runtime, endpoint):
     questions = ["What is the capital of France?", "Name a primary color."]
     local = [chat_program.run(q, temperature=0, backend=runtime) for q in questions]
@@ -111,6 +113,7 @@ def capital(s, method):
     "method",
     [rf.token_length_normalized, rf.greedy_token_selection, rf.unconditional_likelihood_normalized],
 )
+@pytest.mark.slow
 def test_select_three_methods_agree_across_backends(runtime, endpoint, method):
     local = capital.run(method, backend=runtime)
     remote = capital.run(method, backend=endpoint)
@@ -123,6 +126,7 @@ def test_select_three_methods_agree_across_backends(runtime, endpoint, method):
         assert local["city"] == " Paris"
 
 
+@pytest.mark.slow
 def test_select_scores_are_prompt_logprobs(runtime):
     """The select score of a choice is the mean logprob of its tokens after the prompt."""
     state = capital.run(rf.token_length_normalized, backend=runtime)
@@ -145,6 +149,7 @@ def test_select_scores_are_prompt_logprobs(runtime):
         assert score == pytest.approx(sum(lps) / len(lps), abs=1e-4)
 
 
+@pytest.mark.slow
 def test_fork_branches_hit_the_shared_prefix(runtime):
     @rf.function
     def tree(s):
@@ -164,6 +169,7 @@ def test_fork_branches_hit_the_shared_prefix(runtime):
         assert meta["cached_tokens"] >= prefix_tokens - 2
 
 
+@pytest.mark.slow
 def test_fork_pins_its_prefix_while_the_program_runs(runtime):
     seen = []
 
@@ -181,6 +187,7 @@ def test_fork_pins_its_prefix_while_the_program_runs(runtime):
     assert runtime.engine.stats["pinned_tokens"] == 0
 
 
+@pytest.mark.slow
 def test_regex_int_and_json_results_are_valid(runtime):
     schema = {
         "type": "object",
@@ -202,6 +209,7 @@ def test_regex_int_and_json_results_are_valid(runtime):
     jsonschema.validate(json.loads(state["json"]), schema)
 
 
+@pytest.mark.slow
 def test_streaming_increments_concatenate(runtime, endpoint):
     for backend in (runtime, endpoint):
         state = chat_program.run("Say hello.", temperature=0, stream=True, backend=backend)
@@ -212,6 +220,7 @@ def test_streaming_increments_concatenate(runtime, endpoint):
         assert "".join(state.text_iter("answer")) == state["answer"]
 
 
+@pytest.mark.slow
 def test_logprobs_and_meta_info(runtime):
     @rf.function
     def prog(s):
@@ -232,6 +241,7 @@ def test_logprobs_and_meta_info(runtime):
     )
 
 
+@pytest.mark.slow
 def test_failed_request_reports_the_program_line(runtime, endpoint):
     @rf.function
     def prog(s):
@@ -243,6 +253,7 @@ def test_failed_request_reports_the_program_line(runtime, endpoint):
         assert "top_p=7.0" in str(info.value)  # the program line is quoted
 
 
+@pytest.mark.slow
 def test_openai_backend_chat_and_clear_limits(server_url, runtime):
     model = httpx.get(server_url + "/v1/models").json()["data"][0]["id"]
     backend = rf.OpenAI(model, base_url=server_url + "/v1", api_key="unused")
@@ -265,8 +276,158 @@ def test_openai_backend_chat_and_clear_limits(server_url, runtime):
         needs_regex.run(backend=backend)
 
 
+@pytest.mark.slow
 def test_openai_completion_model_select(server_url, runtime):
     model = httpx.get(server_url + "/v1/models").json()["data"][0]["id"]
     backend = rf.OpenAI(model, base_url=server_url + "/v1", api_key="unused", is_chat_model=False)
     remote = capital.run(rf.token_length_normalized, backend=backend)
     assert remote["city"] == " Paris"
+
+
+# -- SGLang's backend API on a tiny model ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tmp_path_factory):
+    from tiny_models import make_tiny_model_dir
+
+    path = make_tiny_model_dir(tmp_path_factory.mktemp("frontend-tiny"), "llama", seed=1)
+    eng = rf.Engine(str(path), dtype="float32", max_total_tokens=2048)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_url(tiny_engine):
+    from server_harness import start_server
+
+    running = start_server(tiny_engine)
+    yield running.url
+    running.stop()
+
+
+GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+
+
+def test_runtime_has_sglangs_methods(tiny_engine):
+    runtime = rf.Runtime(engine=tiny_engine)
+    assert runtime.endpoint is runtime
+    assert runtime.get_model_name() == str(tiny_engine.model_dir)
+    assert runtime.get_tokenizer() is tiny_engine.tokenizer
+    out = json.loads(runtime.generate("The quick", GREEDY))  # SGLang returns JSON text
+    assert out["text"] == tiny_engine.generate("The quick", GREEDY)["text"]
+    runtime.cache_prefix("Paris is the capital of France. " * 4)
+    hit = tiny_engine.generate("Paris is the capital of France. " * 4 + "Berlin", GREEDY)
+    assert hit["meta_info"]["cached_tokens"] > 0
+
+
+def test_runtime_takes_sglang_server_args(tiny_engine):
+    import logging
+
+    path = str(tiny_engine.model_dir)
+    runtime = rf.Runtime(path, log_level="warning", mem_fraction_static=0.5, max_total_tokens=512)
+    try:
+        assert logging.getLogger("radixflow").level == logging.WARNING
+    finally:
+        runtime.shutdown()
+        logging.getLogger("radixflow").setLevel(logging.NOTSET)
+    with pytest.raises(ValueError, match="log_level"):
+        rf.Runtime(path, log_level="loud")
+    with pytest.raises(ValueError, match="launch_timeout"):
+        rf.Runtime(path, launch_timeout=0)
+    with pytest.raises(ValueError, match="unknown engine option 'no_such_knob'"):
+        rf.Runtime(path, no_such_knob=1)
+
+
+@rf.function
+def streamed(s):
+    s += "The quick brown" + rf.gen(
+        "out", max_tokens=8, temperature=0, ignore_eos=True, return_logprob=True
+    )
+
+
+@pytest.mark.parametrize("kind", ["runtime", "endpoint"])
+async def test_stream_chunks_carry_their_own_logprobs(tiny_engine, tiny_url, kind):
+    """SGLang's chunk shape: (text, meta) with only that chunk's output_token_logprobs."""
+    backend = rf.Runtime(engine=tiny_engine) if kind == "runtime" else rf.RuntimeEndpoint(tiny_url)
+    state = streamed.run(stream=True, backend=backend)
+    chunks = [c async for c in state.text_async_iter("out", return_meta_data=True)]
+    ref = tiny_engine.generate("The quick brown", GREEDY, return_logprob=True)
+    assert "".join(text for text, _ in chunks) == ref["text"]
+    ids = [t for _, meta in chunks for _, t, *_ in meta["output_token_logprobs"]]
+    assert ids == ref["output_ids"]
+    assert chunks[-1][1]["output_token_logprobs_length"] == len(ref["output_ids"])
+
+
+def test_endpoint_takes_verify_and_chat_template_name(tiny_url, tiny_engine):
+    from radixflow.runtime.chat_templates import BUILTIN_TEMPLATES
+
+    endpoint = rf.RuntimeEndpoint(tiny_url, None, False, "chatml")
+    assert endpoint.verify is False
+    assert endpoint.get_model_name() == str(tiny_engine.model_dir)
+
+    @rf.function
+    def chat(s):
+        s += rf.user("hi") + rf.assistant("yo")
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tiny_engine.model_dir))
+    tokenizer.chat_template = BUILTIN_TEMPLATES["chatml"]
+    state = chat.run(backend=endpoint)
+    assert state.text() == tokenizer.apply_chat_template(state.messages(), tokenize=False)
+    with pytest.raises(ValueError, match="neither a file nor a built-in"):
+        rf.RuntimeEndpoint(tiny_url, chat_template_name="no-such-template")
+
+
+def test_select_over_http_all_methods_match_in_process(tiny_engine, tiny_url):
+    @rf.function
+    def pick(s, method):
+        s += "Paris is the capital of" + rf.select(
+            "x", [" France", " Germany", " fox"], choices_method=method
+        )
+
+    endpoint, runtime = rf.RuntimeEndpoint(tiny_url), rf.Runtime(engine=tiny_engine)
+    for method in (
+        rf.token_length_normalized,
+        rf.greedy_token_selection,
+        rf.unconditional_likelihood_normalized,
+    ):
+        remote, local = pick.run(method, backend=endpoint), pick.run(method, backend=runtime)
+        assert remote["x"] == local["x"]
+        for key, value in local.get_meta_info("x").items():
+            if "normalized" in key:
+                assert remote.get_meta_info("x")[key] == pytest.approx(value, abs=1e-4)
+
+
+def test_openai_sglang_argument_order_and_token_usage(tiny_engine, tiny_url):
+    import openai
+
+    model = httpx.get(tiny_url + "/v1/models").json()["data"][0]["id"]
+    backend = rf.OpenAI(model, False, base_url=tiny_url + "/v1", api_key="unused")
+    assert backend.is_chat_model is False
+    assert rf.OpenAI("gpt-3.5-turbo-instruct", api_key="x").is_chat_model is False
+    assert rf.OpenAI("gpt-4o-mini", api_key="x").is_chat_model is True
+
+    @rf.function
+    def prog(s):
+        s += "The quick brown" + rf.gen("a", max_tokens=5)
+        s += " jumps" + rf.gen("b", max_tokens=3)
+
+    prog.run(temperature=0, backend=backend)
+    client = openai.OpenAI(base_url=tiny_url + "/v1", api_key="unused")
+    first = client.completions.create(
+        model=model, prompt="The quick brown", max_tokens=5, temperature=0
+    )
+    text = "The quick brown" + first.choices[0].text + " jumps"
+    second = client.completions.create(model=model, prompt=text, max_tokens=3, temperature=0)
+    usage = backend.token_usage
+    assert usage.prompt_tokens == first.usage.prompt_tokens + second.usage.prompt_tokens
+    assert usage.completion_tokens == first.usage.completion_tokens + second.usage.completion_tokens
+    usage.reset()
+    assert (usage.prompt_tokens, usage.completion_tokens) == (0, 0)
+
+
+async def test_runtime_async_generate_streams_new_text(tiny_engine):
+    runtime = rf.Runtime(engine=tiny_engine)
+    pieces = [p async for p in runtime.async_generate("The quick", GREEDY)]
+    assert len(pieces) > 1
+    assert "".join(pieces) == tiny_engine.generate("The quick", GREEDY)["text"]

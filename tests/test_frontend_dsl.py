@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import radixflow as rf
 from radixflow.frontend.backend import Backend, Prompt, RequestError
 from radixflow.frontend.chat_template import PLAIN_TEMPLATE, ChatTemplate
-from radixflow.frontend.choices import ChoicesSamplingMethod
+from radixflow.frontend.choices import ChoicesSamplingMethod, call_method
 from radixflow.frontend.ir import REGEX_INT, GenArgs
 
 
@@ -42,9 +44,7 @@ class ScriptedBackend(Backend):
 
     def select(self, prompt, choices, temperature, method: ChoicesSamplingMethod):
         scored = [[(-float(len(c)), i, c)] for i, c in enumerate(choices)]
-        return method(
-            choices=choices, input_token_logprobs=scored, unconditional_token_logprobs=scored
-        )
+        return call_method(method, choices, scored, scored)
 
     def pin_prefix(self, text: str) -> None:
         self.cached.append(text)
@@ -90,6 +90,7 @@ def test_sampling_params_mapping():
         "min_new_tokens": 1,
         "top_k": 5,
         "regex": REGEX_INT,
+        "stop": [" ", "\n"],  # as SGLang: an int ends at a space or newline
     }
     assert rf.gen_string("s").args.sampling_params()["regex"].startswith('\\"')
     assert rf.gen("j", json_schema={"type": "object"}).args.sampling_params()["json_schema"] == {
@@ -132,10 +133,10 @@ def test_choice_methods_match_their_definitions():
         [(-0.5, 3, None)],  # mean -0.5
         [(-1.0, 4, None), (-0.1, 5, None), (-0.1, 6, None)],  # mean -0.4
     ]
-    lengths = rf.token_length_normalized(choices=choices, input_token_logprobs=scored)
+    lengths = call_method(rf.token_length_normalized, choices, scored)
     assert lengths.decision == "c"
     # greedy: position 0 best is b (-0.5); it is alone, so b wins
-    greedy = rf.greedy_token_selection(choices=choices, input_token_logprobs=scored)
+    greedy = call_method(rf.greedy_token_selection, choices, scored)
     assert greedy.decision == "b"
     # a tie at position 0 goes on to position 1 (b padded with its mean)
     tie = [
@@ -143,15 +144,13 @@ def test_choice_methods_match_their_definitions():
         [(-1.0, 3, None)],
         [(-1.0, 4, None), (-1.5, 5, None)],
     ]
-    assert rf.greedy_token_selection(choices=choices, input_token_logprobs=tie).decision == "b"
+    assert call_method(rf.greedy_token_selection, choices, tie).decision == "b"
     uncond = [
         [(None, 1, None), (-0.5, 2, None)],  # diff mean: (-1 - 0 + -3 + 0.5) / 2 = -1.75
         [(None, 3, None)],  # diff -0.5
         [(None, 4, None), (-3.0, 5, None), (-3.0, 6, None)],  # (-1 + 2.9 + 2.9) / 3 = 1.6
     ]
-    decision = rf.unconditional_likelihood_normalized(
-        choices=choices, input_token_logprobs=scored, unconditional_token_logprobs=uncond
-    )
+    decision = call_method(rf.unconditional_likelihood_normalized, choices, scored, uncond)
     assert decision.decision == "c"
     assert decision.meta_info["normalized_unconditional_prompt_logprobs"] == pytest.approx(
         [-1.75, -0.5, 1.6]
@@ -369,7 +368,7 @@ def test_trace_finds_the_constant_prefix(backend):
 
 
 def test_no_backend_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr("radixflow.frontend.program._default_backend", None)
+    monkeypatch.setattr(rf.global_config, "default_backend", None)
 
     @rf.function
     def prog(s):
@@ -387,3 +386,292 @@ def test_trace_uses_defaults_and_given_arguments(backend):
     assert prog.trace().prefix == "Explain briefly "
     assert prog.trace(topic="tides").prefix == "Explain briefly tides:"
     assert prog.bind(style="slowly").trace().prefix == "Explain slowly "
+
+
+# -- SGLang parity (reference: SGLang 0.5.23's frontend, loaded from the installed wheel) ------
+
+
+@pytest.fixture
+def sglang_frontend():
+    """SGLang's real `sglang.lang` (skips when the wheel is absent)."""
+    from peer.conftest import programs_on_sglang
+
+    with programs_on_sglang() as (_, sgl):
+        import sglang.lang.ir as sgl_ir
+
+        yield sgl, sgl_ir
+
+
+def test_choice_methods_match_sglang(sglang_frontend):
+    sgl, _ = sglang_frontend
+    rng = random.Random(0)
+    for _ in range(20):
+        choices = ["a", "bb", "ccc", "d"]
+        scored = [
+            [(round(-rng.random() * 3, 1), t, None) for t in range(rng.randint(1, 4))]
+            for _ in choices
+        ]
+        uncond = [[(None, 0, None)] + [(-rng.random(), t, None) for t, *_ in s[1:]] for s in scored]
+        for ours, theirs in (
+            (rf.token_length_normalized, sgl.token_length_normalized),
+            (rf.greedy_token_selection, sgl.greedy_token_selection),
+            (rf.unconditional_likelihood_normalized, sgl.unconditional_likelihood_normalized),
+        ):
+            mine = call_method(ours, choices, scored, uncond)
+            ref = theirs(
+                choices=choices,
+                normalized_prompt_logprobs=mine.meta_info["normalized_prompt_logprobs"],
+                input_token_logprobs=scored,
+                output_token_logprobs=[[] for _ in choices],
+                unconditional_token_logprobs=uncond,
+            )
+            assert mine.decision == ref.decision
+            assert mine.meta_info.keys() == ref.meta_info.keys()
+            for key in ("greedy_logprob_matrix", "normalized_unconditional_prompt_logprobs"):
+                if key in ref.meta_info:
+                    assert np.allclose(mine.meta_info[key], ref.meta_info[key])
+
+
+def test_custom_choice_method_gets_sglang_keywords(backend):
+    class Longest(rf.ChoicesSamplingMethod):
+        def __call__(
+            self,
+            *,
+            choices,
+            normalized_prompt_logprobs,
+            input_token_logprobs,
+            output_token_logprobs,
+            unconditional_token_logprobs=None,
+        ):
+            assert len(normalized_prompt_logprobs) == len(output_token_logprobs) == len(choices)
+            return rf.ChoicesDecision(max(choices, key=len), {"custom": True})
+
+    @rf.function
+    def prog(s):
+        s += rf.select("x", ["a", "bbb", "cc"], choices_method=Longest())
+
+    state = prog.run()
+    assert state["x"] == "bbb" and state.get_meta_info("x") == {"custom": True}
+
+
+def test_typed_gen_matches_sglang_stop_and_argument_order(sglang_frontend):
+    sgl, sgl_ir = sglang_frontend
+    from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
+
+    for dtype in (int, float, str, bool):
+        ref = sgl_ir.SglSamplingParams(stop=["END"], dtype=dtype)
+        RuntimeEndpoint._handle_dtype_to_regex(None, ref)
+        mine = rf.gen("x", stop=["END"], dtype=dtype).args.sampling_params()
+        assert (mine["regex"], mine["stop"]) == (ref.regex, ref.stop)
+    # positional order: gen_int(name, max_tokens, n, stop, ...), gen(name, max_tokens, min_tokens, ...)
+    assert rf.gen_int("x", 7, None, ["\n"]).args.max_new_tokens == 7
+    assert (
+        rf.gen_int("x", 7, None, ["\n"]).args.stop
+        == sgl.gen_int("x", 7, None, ["\n"]).sampling_params.stop
+    )
+    ref = sgl.gen("x", 5, 2, None, None, None, "a+").sampling_params
+    mine = rf.gen("x", 5, 2, None, None, None, "a+").args
+    assert (mine.max_new_tokens, mine.min_new_tokens, mine.stop_regex) == (
+        ref.max_new_tokens,
+        ref.min_new_tokens,
+        ref.stop_regex,
+    )
+
+
+def test_global_config_is_the_default_backend(backend):
+    assert rf.global_config.default_backend is backend is rf.get_default_backend()
+
+
+def test_fork_items_take_appends_and_lists(backend):
+    @rf.function
+    def prog(s):
+        forks = s.fork(3)
+        for i in range(3):
+            forks[i] += f"[{i}]"
+        forks += ["a", "b", "c"]
+        forks += lambda i: str(i * 10)
+        forks.join("concate_and_append")
+
+    assert prog.run().text() == "[0]a0[1]b10[2]c20"
+
+    @rf.function
+    def bad(s):
+        forks = s.fork(2)
+        forks += ["only one"]
+
+    with pytest.raises(rf.ProgramError, match="one item per branch"):
+        bad.run()
+
+    @rf.function
+    def replace(s):
+        forks = s.fork(2)
+        forks[0] = forks[1]
+
+    with pytest.raises(rf.ProgramError, match="cannot be replaced"):
+        replace.run()
+
+
+def test_copy_and_fork_position_ids_offset(backend):
+    @rf.function
+    def prog(s):
+        s += "x"
+        with s.copy() as c:
+            c += rf.gen("inner")
+        s += "y"
+
+    state = prog.run()
+    assert state["inner"] == ["<1>"] and state.text() == "xy"
+
+    @rf.function
+    def offsets(s, offset):
+        s.fork(2, position_ids_offset=offset).join()
+
+    offsets.run([0, 5])
+    with pytest.raises(rf.ProgramError, match="one int per branch"):
+        offsets.run([0])
+
+
+class StreamingMetaBackend(ScriptedBackend):
+    """Streams one character per chunk, each with its token's logprob, as SGLang's server does;
+    the first chunk carries a token and no text."""
+
+    def generate_stream(self, prompt, args):
+        text, _ = self.generate(prompt, args)
+        pieces = ["", *text]
+        for i, piece in enumerate(pieces):
+            meta = {
+                "completion_tokens": i + 1,
+                "output_token_logprobs_length": i + 1,
+                "output_token_logprobs": [(-float(i), i, None)],
+            }
+            yield piece, meta
+
+
+async def test_text_async_iter_meta_chunks_like_sglang():
+    rf.set_default_backend(StreamingMetaBackend())
+
+    @rf.function
+    def prog(s):
+        s += "Q" + rf.gen("a", return_logprob=True)
+
+    state = prog.run(stream=True)
+    chunks = [c async for c in state.text_async_iter("a", return_meta_data=True)]
+    assert [text for text, _ in chunks] == list("<1>")
+    # the text-less first chunk's token is merged into the next chunk, as SGLang does
+    assert [len(meta["output_token_logprobs"]) for _, meta in chunks] == [2, 1, 1]
+    assert [meta["completion_tokens"] for _, meta in chunks] == [2, 3, 4]
+    assert len(state.get_meta_info("a")["output_token_logprobs"]) == 4
+    state = prog.run(stream=True)
+    assert [c async for c in state.text_async_iter("a")] == list("<1>")
+
+
+def test_image_and_video_fail_clearly(backend):
+    @rf.function
+    def prog(s):
+        s += rf.user(rf.image("cat.png") + "What is this?")
+
+    with pytest.raises(rf.ProgramError, match="image.*text-only"):
+        prog.run()
+    with pytest.raises(ValueError, match="path"):
+        rf.video(3, 4)
+
+
+def test_run_defaults_stop_regex_n_and_use_thread(backend):
+    threads = []
+
+    def reply(prompt, args):
+        threads.append(threading.current_thread())
+        return "r"
+
+    backend.reply = reply
+
+    @rf.function
+    def prog(s):
+        s += "x" + rf.gen("a") + rf.gen("b", stop_regex=r"\d")
+
+    prog.run(stop_regex="[.]", n=1, use_thread=False)
+    assert threads == [threading.current_thread()] * 2
+    assert backend.calls[0][1].sampling_params()["stop_regex"] == "[.]"
+    assert backend.calls[1][1].sampling_params()["stop_regex"] == r"\d"
+    prog.run()
+    assert threads[-1] is not threading.current_thread()
+
+
+def test_run_batch_takes_positional_lists(backend):
+    @rf.function
+    def prog(s, a, b="B"):
+        s += a + b
+
+    states = prog.run_batch([["1"], ("2", "3"), {"a": "4"}])
+    assert [st.text() for st in states] == ["1B", "23", "4B"]
+    with pytest.raises(ValueError, match="1 to 2 positional"):
+        prog.run_batch([["1", "2", "3"]])
+    assert prog.run_batch([]) == []
+
+
+def test_messages_content_is_left_stripped(backend):
+    @rf.function
+    def prog(s):
+        s += rf.user("  hi ")
+        s += rf.assistant("\n" + rf.gen("a"))
+
+    assert [m["content"] for m in prog.run().messages()] == ["hi ", "<25>"]
+
+
+def test_separate_reasoning_splits_think(backend):
+    backend.reply = lambda prompt, args: "<think>plan it</think>The answer."
+
+    @rf.function
+    def prog(s):
+        s += rf.user("q")
+        s += rf.assistant(rf.separate_reasoning(rf.gen("a"), model_type="qwen3"))
+
+    state = prog.run()
+    assert state["a"] == "The answer."
+    assert state["a_reasoning_content"] == "plan it"
+    assert state.messages()[-1]["content"] == "The answer."
+    assert "think" not in state.text()
+    with pytest.raises(ValueError, match="model_type"):
+        rf.separate_reasoning(rf.gen("a"))
+
+
+def test_trace_last_node_and_cache(backend):
+    @rf.function
+    def prog(s, q):
+        s += "A long constant instruction that every run of this program shares. " * 2
+        s += q + rf.gen("a")
+
+    trace = prog.trace()
+    assert trace.last_node.kind == "gen"
+    assert trace.last_node.prev_node.kind == "arg"
+    prog.cache()
+    assert backend.cached == [trace.prefix]
+
+    @rf.function
+    def short(s, q):
+        s += "short" + q
+
+    short.cache()  # 64 characters or fewer: not worth a request, as SGLang
+    assert backend.cached == [trace.prefix]
+
+
+def test_api_speculative_execution_uses_one_request(backend):
+    backend.reply = lambda prompt, args: " Ada\nBirthday: 1815\nJob: mathematician\nmore"
+
+    @rf.function(num_api_spec_tokens=64)
+    def character(s):
+        s += "Name:" + rf.gen("name", stop="\n") + "\nBirthday:" + rf.gen("birthday", stop="\n")
+        s += "\nJob:" + rf.gen("job", stop="\n") + "\n"
+
+    state = character.run()
+    assert len(backend.calls) == 1  # one request: the rest came from the speculated text
+    assert backend.calls[0][1].max_new_tokens == 128 and backend.calls[0][1].stop is None
+    assert (state["name"], state["birthday"], state["job"]) == (" Ada", " 1815", " mathematician")
+    assert state.text() == "Name: Ada\nBirthday: 1815\nJob: mathematician\n"
+
+    backend.reply = lambda prompt, args: " Bob, unrelated text"
+    backend.calls.clear()
+    state = character.run()
+    # no stop string in what was speculated: each gen uses it all up, the next asks again
+    assert len(backend.calls) == 3
+    assert state["name"] == " Bob, unrelated text"

@@ -1,5 +1,7 @@
 """SamplingParams: SGLang defaults, parsing from request JSON, and validation errors."""
 
+import re
+
 import pytest
 
 from radixflow.runtime.sampling_params import SamplingParams
@@ -49,24 +51,65 @@ def test_unknown_key_suggests_the_closest_name():
         SamplingParams.from_dict({"zzz": 1})
 
 
+def test_null_means_the_default_as_in_sglang():
+    p = SamplingParams.from_dict(
+        {"min_new_tokens": None, "top_p": None, "no_stop_trim": None, "temperature": None}
+    )
+    assert p == SamplingParams()
+    for field in ("min_new_tokens", "top_p", "repetition_penalty", "no_stop_trim"):
+        with pytest.raises(ValueError, match=f"'{field}'"):
+            SamplingParams(**{field: None}).validate()
+
+
+def test_sampling_seed_is_sglangs_name_for_seed():
+    assert SamplingParams.from_dict({"sampling_seed": 5}).seed == 5
+    assert SamplingParams.from_dict({"sampling_seed": 5, "seed": 5}).seed == 5
+    with pytest.raises(ValueError, match="'sampling_seed' and 'seed' disagree"):
+        SamplingParams.from_dict({"sampling_seed": 5, "seed": 6})
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("(", "valid regular expression"),
+        (["ok", "[a-"], "valid regular expression"),
+        ("a?", "empty string"),
+        ([""], "non-empty strings"),
+        (5, "a string or a list of strings"),
+    ],
+)
+def test_stop_regex_is_checked(value, words):
+    with pytest.raises(ValueError, match=f"'stop_regex' .*{re.escape(words)}"):
+        SamplingParams.from_dict({"stop_regex": value}).validate()
+    p = SamplingParams.from_dict({"stop_regex": ["\\d+\\.", "END"]})
+    p.validate()
+    assert p.stop_regex_patterns == ["\\d+\\.", "END"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("structural_tag", "{}"), ("custom_params", {"a": 1}), ("beam_width", 2), ("watermark", {})],
+)
+def test_sglang_params_not_implemented_are_named(field, value):
+    with pytest.raises(ValueError, match=f"'{field}' is not supported"):
+        SamplingParams.from_dict({field: value})
+    assert SamplingParams.from_dict({field: None}) == SamplingParams()
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
         ("max_new_tokens", 1.5),
         ("max_new_tokens", "10"),
-        ("min_new_tokens", None),
         ("top_k", True),
         ("n", 2.0),
         ("temperature", "hot"),
-        ("top_p", None),
         ("min_p", [0.1]),
         ("frequency_penalty", False),
         ("presence_penalty", "0"),
-        ("repetition_penalty", None),
         ("ignore_eos", 1),
         ("skip_special_tokens", "yes"),
         ("spaces_between_special_tokens", 0),
-        ("no_stop_trim", None),
         ("seed", 1.0),
         ("seed", "42"),
         ("regex", 5),

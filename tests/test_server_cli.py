@@ -16,8 +16,8 @@ import httpx
 import jsonschema
 import pytest
 
-from radixflow.runtime.cli import build_parser, engine_kwargs
-from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.cli import build_parser, configure_logging, engine_kwargs, main
+from radixflow.runtime.config import SGLANG_VALUES, EngineConfig
 from radixflow.runtime.openai_protocol import ChatCompletionRequest, NamedToolChoice, Tool
 from radixflow.runtime.openai_tools import ToolPlan
 from radixflow.runtime.serving import APIError
@@ -37,8 +37,19 @@ def test_every_engine_field_is_a_flag_with_its_default():
     for f in FIELDS:
         action = actions[f.name]
         assert f"--{f.name.replace('_', '-')}" in action.option_strings
-        assert f.metadata["help"] in action.help
-        assert tuple(action.choices or ()) == tuple(f.metadata.get("choices") or ())
+        assert f.metadata["help"] in action.help.replace("%%", "%")  # as argparse prints it
+        choices = f.metadata.get("choices")
+        expected = (*choices, *SGLANG_VALUES.get(f.name, {})) if choices else ()
+        assert tuple(action.choices or ()) == expected
+
+
+@pytest.mark.parametrize("command", ["serve", "run", "bench"])
+def test_help_lists_every_flag(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args([command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--grammar-import-paths" in out and "%import" in out
 
 
 def test_flags_parse_to_engine_config():
@@ -53,8 +64,96 @@ def test_flags_parse_to_engine_config():
     assert engine_kwargs(_serve_args("--no-disable-radix-cache"))["disable_radix_cache"] is False
 
 
+# -- SGLang's launch_server spellings --------------------------------------------------------
+SGLANG_LAUNCH = (
+    "--model-path /models/x --tokenizer-path /models/tok --tp-size 1 --mem-fraction-static 0.7 "
+    "--max-running-requests 8 --context-length 512 --served-model-name m --chat-template chatml "
+    "--tool-call-parser hermes --reasoning-parser qwen3 --enable-metrics --log-requests "
+    "--dtype half --attention-backend torch_native --speculative-algorithm NGRAM "
+    "--speculative-num-draft-tokens 3 --grammar-backend xgrammar --host 0.0.0.0 --port 1234 "
+    "--api-key k --log-level debug --random-seed 3 --chunked-prefill-size 256 "
+    "--max-total-tokens 4096 --schedule-policy fcfs --disable-radix-cache "
+    "--cuda-graph-max-bs 16 --disable-cuda-graph --trust-remote-code"
+)
+
+
+def test_an_sglang_launch_line_parses_unchanged(caplog):
+    args = _serve_args(*SGLANG_LAUNCH.split())
+    with caplog.at_level("WARNING", logger="radixflow"):
+        config = EngineConfig.from_kwargs(**engine_kwargs(args))
+    assert (config.model_path, config.tokenizer_path) == ("/models/x", "/models/tok")
+    assert (config.dtype, config.attention_backend) == ("float16", "torch")
+    assert (config.speculative_algorithm, config.speculative_num_tokens) == ("ngram", 3)
+    assert (config.mem_fraction_static, config.max_running_requests) == (0.7, 8)
+    assert (config.context_length, config.max_total_tokens, config.random_seed) == (512, 4096, 3)
+    assert (config.chunked_prefill_size, config.schedule_policy) == (256, "fcfs")
+    assert config.disable_radix_cache and config.log_requests
+    assert (config.chat_template, config.tool_call_parser, config.reasoning_parser) == (
+        "chatml",
+        "hermes",
+        "qwen3",
+    )
+    assert (args.host, args.port, args.api_key) == ("0.0.0.0", 1234, "k")
+    assert args.served_model_name == ["m"]
+    assert args.log_level == "debug"
+    logged = caplog.text
+    for flag in ("grammar_backend", "enable_metrics", "cuda_graph_max_bs", "disable_cuda_graph"):
+        assert f"{flag}=" in logged and "ignored" in logged
+
+
 @pytest.mark.parametrize(
-    "argv", [["serve", "--dtype", "int3"], ["serve", "--page-size", "x"], ["serve", "--bogus"]]
+    ("flags", "knob"),
+    [
+        (["--tp-size", "2"], "tp_size"),
+        (["--quantization", "awq"], "quantization"),
+        (["--kv-cache-dtype", "fp8_e5m2"], "kv_cache_dtype"),
+    ],
+)
+def test_sglang_knobs_we_lack_are_errors_naming_them(flags, knob, capsys):
+    assert main(["serve", *flags]) == 2
+    assert knob in capsys.readouterr().err
+
+
+def test_engine_config_takes_sglang_names_as_keywords():
+    config = EngineConfig.from_kwargs(
+        model_path="/m", tp_size=1, dtype="half", attention_backend="torch_native",
+        speculative_algorithm="NGRAM", speculative_draft_model_path=None, port=30000,
+        log_level="info", enable_metrics=True, cuda_graph_max_bs=8,
+    )  # fmt: skip
+    assert (config.dtype, config.attention_backend, config.speculative_algorithm) == (
+        "float16",
+        "torch",
+        "ngram",
+    )
+    with pytest.raises(ValueError, match="tp_size=2 is not supported"):
+        EngineConfig.from_kwargs(tp_size=2)
+    with pytest.raises(ValueError, match="unknown engine option 'mem_fraction'"):
+        EngineConfig.from_kwargs(mem_fraction=0.5)
+    with pytest.raises(ValueError, match="attention_backend must be one of"):
+        EngineConfig.from_kwargs(attention_backend="flashinfer")
+    with pytest.raises(ValueError, match="tool_call_parser must be one of"):
+        EngineConfig.from_kwargs(tool_call_parser="gorilla")
+
+
+def test_log_level_reaches_radixflow_loggers():
+    import logging
+
+    for command in ("serve", "run x", "bench"):
+        assert build_parser().parse_args([*command.split(), "--log-level", "debug"]).log_level
+    configure_logging("debug")
+    assert logging.getLogger("radixflow.runtime.engine").getEffectiveLevel() == logging.DEBUG
+    configure_logging("warning")
+    assert logging.getLogger("radixflow.runtime.engine").getEffectiveLevel() == logging.WARNING
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--dtype", "int3"],
+        ["serve", "--page-size", "x"],
+        ["serve", "--bogus"],
+        ["serve", "--enable-dp-attention"],  # an SGLang flag with no meaning here
+    ],
 )
 def test_bad_flags_exit_with_usage(argv, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -147,6 +246,7 @@ def test_serve_process_ready_after_warmup_and_stops_cleanly():
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "radixflow", "serve", "--port", str(port), "--dtype", "float32"]
     cmd += ["--max-total-tokens", "2048", "--log-level", "warning", "--graceful-timeout", "2"]
+    cmd += ["--served-model-name", "smol", "x"]  # an alias is accepted as `model`
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

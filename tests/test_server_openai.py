@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 
 import httpx
@@ -395,3 +396,48 @@ def test_tool_history_is_rendered(client):
         model="m", messages=history, tools=[WEATHER], tool_choice="none", max_tokens=3
     )
     assert r.choices[0].message.tool_calls is None and r.usage.completion_tokens <= 3
+
+
+# -- the Responses API and client libraries on real text --------------------------------------
+def test_responses_api_equals_chat(client):
+    chat = client.chat.completions.create(
+        model="m", messages=MESSAGES, max_tokens=12, temperature=0
+    )
+    r = client.responses.create(model="m", input=MESSAGES, max_output_tokens=12, temperature=0)
+    assert r.output_text == chat.choices[0].message.content
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.usage.input_tokens_details.cached_tokens > 0
+    events = list(
+        client.responses.create(
+            model="m", input=MESSAGES, max_output_tokens=12, temperature=0, stream=True
+        )
+    )
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == r.output_text and events[-1].response.output_text == r.output_text
+
+
+def test_langchain_and_litellm_equal_openai(client, server):
+    from langchain_openai import ChatOpenAI
+
+    ref = (
+        client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8, temperature=0)
+        .choices[0]
+        .message.content
+    )
+    llm = ChatOpenAI(
+        model="m", base_url=f"{server.url}/v1", api_key="x", max_tokens=8, temperature=0
+    )
+    assert llm.invoke(MESSAGES[0]["content"]).content == ref
+    assert "".join(c.content for c in llm.stream(MESSAGES[0]["content"])) == ref
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    out = litellm.completion(
+        model="openai/m",
+        api_base=f"{server.url}/v1",
+        api_key="x",
+        messages=MESSAGES,
+        max_tokens=8,
+        temperature=0,
+    )
+    assert out.choices[0].message.content == ref
