@@ -126,12 +126,17 @@ class StreamSlicer:
     """Turns a stream of cumulative outputs into (new text, meta info of this chunk): the
     per-output-token lists keep only the new tokens' entries, as SGLang's streams send them.
     Lists a server already sent incrementally (shorter than `output_token_logprobs_length`)
-    pass through."""
+    pass through. `incremental`: each chunk's text is already only its new text (a server run
+    with --incremental-streaming-output)."""
 
+    incremental: bool = False
     text_sent: int = 0
     tokens_sent: int = 0
 
     def step(self, text: str, meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        if self.incremental:  # text and per-token lists are this chunk's own already
+            self.text_sent += len(text)
+            return text, dict(meta)
         delta = text[self.text_sent :]
         self.text_sent = max(self.text_sent, len(text))
         meta = dict(meta)

@@ -17,7 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixflow.runtime.chat_templates import apply_template_override, render_chat
+from radixflow.runtime.chat_templates import (
+    apply_template_override,
+    check_template_kwargs,
+    render_chat,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -156,14 +160,17 @@ def chat_template_from_tokenizer(
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> ChatTemplate:
     """The tokenizer's template (or `chat_template`: a built-in name or a jinja file, which
-    replaces the tokenizer's) as role markers; PLAIN_TEMPLATE (with a warning) if there is none. Raises ValueError naming the
-    fix when the template's user/assistant turns cannot be read."""
+    replaces the tokenizer's) as role markers, rendered with `chat_template_kwargs` (e.g.
+    `{"enable_thinking": False}`); PLAIN_TEMPLATE (with a warning) if there is none. Raises
+    ValueError naming the fix when the template's user/assistant turns cannot be read."""
+    kwargs = check_template_kwargs(chat_template_kwargs)
     if tokenizer is not None and chat_template is not None:
         apply_template_override(tokenizer, chat_template)
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        if kwargs:
+            raise ValueError("chat_template_kwargs needs a chat template, and the model has none")
         logger.warning("the model has no chat template; roles use the plain 'User: ' template")
         return PLAIN_TEMPLATE
-    kwargs = dict(chat_template_kwargs or {})
 
     def render(messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         return render_chat(

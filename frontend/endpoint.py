@@ -1,8 +1,11 @@
 """`RuntimeEndpoint`: a backend over SGLang's native HTTP API (our server or an SGLang server).
 
 POST /generate {text | input_ids, sampling_params, return_logprob, logprob_start_len,
-top_logprobs_num, stream}; streaming answers are SSE lines `data: {...}` (cumulative text) and
-`data: [DONE]`. GET /get_model_info names the model, whose tokenizer gives the chat template.
+top_logprobs_num, stream}; streaming answers are SSE lines `data: {...}` and `data: [DONE]`,
+each chunk with the cumulative text, or only its new text when the server runs with
+`--incremental-streaming-output` (its /get_server_info says so). GET /get_model_info names the
+model, whose tokenizer renders the chat template: the server's own (`chat_template`, which
+carries its `--chat-template` override) where it sends one.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from radixflow.frontend.choices import (
     call_method,
 )
 from radixflow.frontend.ir import GenArgs
+from radixflow.runtime.chat_templates import check_template_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +49,10 @@ _PREFILL_ONLY = {"max_new_tokens": 0}
 class RuntimeEndpoint(Backend):
     """`RuntimeEndpoint("http://127.0.0.1:30000")`, SGLang's arguments: `api_key`, `verify`
     (a CA bundle path for https, or False), `chat_template_name` (a built-in template name or a
-    jinja file, rendered with the served model's tokenizer). `chat_template=` (a ChatTemplate)
-    overrides both; otherwise the template is read from the served model's tokenizer (when it
-    can be loaded here)."""
+    jinja file, rendered with the served model's tokenizer). Without it the roles follow the
+    server's effective template (its `--chat-template` override too), else the served model's
+    own. `chat_template=` (a ChatTemplate) overrides all of these; `chat_template_kwargs` go to
+    the template (`{"enable_thinking": False}`)."""
 
     def __init__(
         self,
@@ -57,8 +62,15 @@ class RuntimeEndpoint(Backend):
         chat_template_name: str | None = None,
         *,
         chat_template: ChatTemplate | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
         timeout: float | None = 600.0,
     ) -> None:
+        template_kwargs = check_template_kwargs(chat_template_kwargs)
+        if chat_template is not None and (template_kwargs or chat_template_name is not None):
+            raise ValueError(
+                "chat_template (a ChatTemplate) excludes chat_template_name and "
+                "chat_template_kwargs"
+            )
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
         self.verify = verify
@@ -69,7 +81,10 @@ class RuntimeEndpoint(Backend):
             verify=True if verify is None else verify,
         )
         self.model_info = self._get("/get_model_info")
-        self.chat_template = chat_template or self._load_chat_template(chat_template_name)
+        self.chat_template = chat_template or self._load_chat_template(
+            chat_template_name, template_kwargs
+        )
+        self._incremental: bool | None = None  # the server's streaming mode, read when needed
 
     # -- HTTP ----------------------------------------------------------------------------------
     def _get(self, path: str) -> dict[str, Any]:
@@ -90,29 +105,49 @@ class RuntimeEndpoint(Backend):
             raise RequestError(f"{resp.request.url} answered {resp.status_code}: {resp.text}")
         return resp.json() if resp.content else {}
 
-    def _load_chat_template(self, name: str | None) -> ChatTemplate:
+    def _load_chat_template(
+        self, name: str | None, template_kwargs: dict[str, Any]
+    ) -> ChatTemplate:
         path = self.model_info.get("tokenizer_path") or self.model_info.get("model_path")
+        needs = None  # what asks for the served tokenizer: then failing to load it is an error
+        if name is not None:
+            needs = f"chat_template_name {name!r}"
+        elif template_kwargs:
+            needs = "chat_template_kwargs"
         if not path:
-            if name is not None:
-                raise ValueError(
-                    f"chat_template_name {name!r}: the server names no tokenizer to render it"
-                )
+            if needs is not None:
+                raise ValueError(f"{needs}: the server names no tokenizer to render it")
             return PLAIN_TEMPLATE
         from transformers import AutoTokenizer
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError) as exc:
-            if name is not None:
+            if needs is not None:
                 raise ValueError(
-                    f"chat_template_name {name!r} needs the served tokenizer {path}, which "
-                    f"cannot be loaded here ({exc}); pass chat_template= instead"
+                    f"{needs} needs the served tokenizer {path}, which cannot be loaded here "
+                    f"({exc}); pass chat_template= instead"
                 ) from exc
             logger.warning(
                 "cannot load tokenizer %s here (%s); using the plain template", path, exc
             )
             return PLAIN_TEMPLATE
-        return chat_template_from_tokenizer(tokenizer, name)
+        served = self.model_info.get("chat_template")
+        if name is None and isinstance(served, str) and served:
+            tokenizer.chat_template = served
+        return chat_template_from_tokenizer(tokenizer, name, template_kwargs)
+
+    def _incremental_stream(self) -> bool:
+        """Whether the server streams only each chunk's new text (SGLang's
+        --incremental-streaming-output), from its /get_server_info; False where it says not."""
+        if self._incremental is None:
+            try:
+                info = self._get("/get_server_info")
+            except RequestError as exc:
+                logger.warning("cannot read the server's streaming mode (%s): cumulative", exc)
+                info = {}
+            self._incremental = bool(info.get("incremental_streaming_output", False))
+        return self._incremental
 
     # -- Backend ---------------------------------------------------------------------------
     def generate(self, prompt: Prompt, args: GenArgs) -> tuple[str | list[str], dict[str, Any]]:
@@ -123,7 +158,7 @@ class RuntimeEndpoint(Backend):
         if args.n not in (None, 1):
             raise RequestError("streaming takes n=1; use fork(n) for several samples")
         body = {**self._body(prompt.text, args), "stream": True}
-        slicer = StreamSlicer()
+        slicer = StreamSlicer(incremental=self._incremental_stream())
         last: dict[str, Any] | None = None
         with self._call(lambda: self.client.stream("POST", "/generate", json=body)) as resp:
             if resp.status_code != 200:

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from radixflow.frontend.backend import PER_TOKEN_META, Backend, Prompt, RequestError
+from radixflow.frontend.chat_speculation import SPEC_TRIES, ChatSpeculation
 from radixflow.frontend.choices import ChoicesDecision
 from radixflow.frontend.ir import (
     ConcatAndAppend,
@@ -134,6 +135,8 @@ class StreamExecutor:
         # request generates this many tokens, and the gens and texts after it consume them
         self.num_api_spec_tokens = num_api_spec_tokens
         self.speculated_text = ""
+        # the same on chat models: the open assistant message, written when the role ends
+        self.chat_spec: ChatSpeculation | None = None
         self.chat_template = backend.chat_template
         self.text_ = parent.text_ if parent else ""
         self.messages_: list[dict[str, Any]] = list(parent.messages_) if parent else []
@@ -241,6 +244,11 @@ class StreamExecutor:
         self.sync()
         if self.error_ is not None:
             raise self.error_
+        if self.chat_spec is not None:
+            raise ValueError(
+                "fork inside an assistant role that num_api_spec_tokens writes in one request "
+                "(a chat model): end the role first"
+            )
         if n > 1:  # compute the shared prefix once; the branches then hit the cache
             try:
                 pin = self.backend.pin_prefix(self.text_)
@@ -328,9 +336,12 @@ class StreamExecutor:
             prefix, _ = self.chat_template.get_prefix_and_suffix(expr.role, self.messages_)
             self._fill(prefix)
             self.cur_role, self.cur_role_begin = expr.role, len(self.text_)
+            if expr.role == "assistant" and self._speculates_chat():
+                self.chat_spec = ChatSpeculation(self.num_api_spec_tokens or 0)
         elif isinstance(expr, RoleEnd):
             if self.cur_role != expr.role:
                 raise ValueError(f"role {expr.role!r} ends, but the open role is {self.cur_role!r}")
+            self._write_speculated_message()
             _, suffix = self.chat_template.get_prefix_and_suffix(expr.role, self.messages_)
             content = self.text_[self.cur_role_begin :].lstrip()  # as SGLang's messages()
             self._fill(suffix)
@@ -348,6 +359,7 @@ class StreamExecutor:
                 f"{kind} ({expr.path!r}) cannot be sent: radixflow serves text-only models"
             )
         elif isinstance(expr, SeparateReasoning):
+            self._write_speculated_message()  # the gens it splits need their text
             self._separate_reasoning(expr.model_type, expr.expr)
         elif isinstance(expr, ConcatAndAppend):
             for state in expr.states:
@@ -366,6 +378,9 @@ class StreamExecutor:
 
     def _fill(self, text: str) -> None:
         """Append constant text; speculated text that matches it is used up, else dropped."""
+        if self.chat_spec is not None:
+            self.chat_spec.add_text(text)
+            return
         if self.speculated_text.startswith(text):
             self.speculated_text = self.speculated_text[len(text) :]
         else:
@@ -375,6 +390,36 @@ class StreamExecutor:
     def _speculates(self) -> bool:
         chat_only = getattr(self.backend, "is_chat_model", False)
         return self.num_api_spec_tokens is not None and not self.stream and not chat_only
+
+    def _speculates_chat(self) -> bool:
+        chat_only = getattr(self.backend, "is_chat_model", False)
+        return self.num_api_spec_tokens is not None and not self.stream and chat_only
+
+    def _write_speculated_message(self) -> None:
+        """Write the recorded assistant message with one request (retried while the answer
+        does not follow the message's texts and gens), then append it term by term."""
+        spec, self.chat_spec = self.chat_spec, None
+        if spec is None:
+            return
+        meta: dict[str, Any] = {}
+        parts: list[tuple[str | None, str]] | None = [(None, t.text) for t in spec.terms]
+        if spec.has_gens:
+            for _ in range(SPEC_TRIES):  # the prompt ends at the role's prefix: nothing appended
+                answer, meta = self.backend.generate(self._prompt(), spec.request_args())
+                parts = spec.match(answer if isinstance(answer, str) else answer[0])
+                if parts is not None:
+                    break
+            else:
+                raise RequestError(
+                    f"num_api_spec_tokens: in {SPEC_TRIES} tries the chat model never wrote "
+                    f"the assistant message as the program lays it out ({spec.layout!r}); "
+                    f"last answer: {answer!r}"
+                )
+        for name, text in parts:
+            self._append(text, name)
+            if name is not None:
+                self.variables[name] = text
+                self.meta_info[name] = meta
 
     def _spec_gen(self, args: GenArgs) -> tuple[str, dict[str, Any]]:
         """SGLang's completion-model speculation: the gen's text is the speculated text up to
@@ -396,6 +441,9 @@ class StreamExecutor:
 
     def _gen(self, expr: Gen) -> None:
         args = expr.args.merged_over(self.defaults)
+        if self.chat_spec is not None:
+            self.chat_spec.add_gen(expr.name, args)
+            return
         if self._speculates():
             value, meta = self._spec_gen(args)
             self._append(value, expr.name)

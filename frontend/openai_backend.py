@@ -1,7 +1,8 @@
 """`OpenAI`: a backend over any OpenAI-compatible /v1 server, through the `openai` package.
 
-Chat models take whole messages: a `gen` must open an assistant message. Completion models
-continue the text. What the /v1 API has no field for (regex, EBNF, top_k, ...) raises a
+Chat models take whole messages: a `gen` must open an assistant message, unless the program
+runs with `num_api_spec_tokens` (then one request writes each assistant message and its gens
+are read out of it: frontend/chat_speculation.py). Completion models continue the text. What the /v1 API has no field for (regex, EBNF, top_k, ...) raises a
 RequestError naming it; `select` works on completion models (prompt logprobs via echo).
 """
 
@@ -110,7 +111,8 @@ class OpenAI(Backend):
             if prompt.role != "assistant" or prompt.role_text:
                 raise RequestError(
                     "an OpenAI chat model writes whole assistant messages: put gen at the "
-                    "start of an assistant role, e.g. s += assistant(gen('answer'))"
+                    "start of an assistant role, e.g. s += assistant(gen('answer')), or run "
+                    "the program with @function(num_api_spec_tokens=...)"
                 )
             kwargs["messages"] = prompt.messages
             if args.json_schema is not None:

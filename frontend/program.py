@@ -53,6 +53,12 @@ class SglFunction:
         params = list(inspect.signature(func).parameters.values())
         if not params:
             raise ValueError(f"program {func.__name__} must take the state as its first argument")
+        if num_api_spec_tokens is not None and (
+            not isinstance(num_api_spec_tokens, int) or num_api_spec_tokens < 1
+        ):
+            raise ValueError(
+                f"num_api_spec_tokens must be a positive int, got {num_api_spec_tokens!r}"
+            )
         self.func = func
         self.num_api_spec_tokens = num_api_spec_tokens
         self.bind_arguments = dict(bind_arguments or {})

@@ -28,6 +28,7 @@ from radixflow.frontend.choices import (
     call_method,
 )
 from radixflow.frontend.ir import GenArgs
+from radixflow.runtime.chat_templates import check_template_kwargs
 from radixflow.runtime.engine import Engine, PinnedPrefix
 
 _PREFILL_ONLY = {"max_new_tokens": 0}
@@ -42,6 +43,9 @@ class Runtime(Backend):
     `launch_timeout` is accepted (the engine here loads before the constructor returns).
     `runtime.endpoint` is the runtime itself, so SGLang code reaching for
     `backend.endpoint.get_model_name()` works.
+
+    `chat_template_kwargs` go to the chat template when the roles are rendered, as the chat
+    route's `chat_template_kwargs` do (`{"enable_thinking": False}` on Qwen3-style templates).
     """
 
     def __init__(
@@ -50,6 +54,7 @@ class Runtime(Backend):
         *,
         engine: Engine | None = None,
         chat_template: ChatTemplate | str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
         log_level: str | None = None,
         launch_timeout: float = 300.0,
         **engine_config: Any,
@@ -67,12 +72,19 @@ class Runtime(Backend):
             if engine is not None:
                 raise ValueError("chat_template by name or file needs the engine's options")
             engine_config["chat_template"], chat_template = chat_template, None
+        template_kwargs = check_template_kwargs(chat_template_kwargs)  # before loading
+        if chat_template is not None and template_kwargs:
+            raise ValueError(
+                "chat_template_kwargs apply to a template by name or file, not to a ChatTemplate"
+            )
         self._owns_engine = engine is None
         self.engine = engine if engine is not None else Engine(model_path, **engine_config)
         if self._owns_engine:  # stop the engine thread before the interpreter tears down
             atexit.register(self.shutdown)
         self.tokenizer = self.engine.tokenizer
-        self.chat_template = chat_template or chat_template_from_tokenizer(self.tokenizer)
+        self.chat_template = chat_template or chat_template_from_tokenizer(
+            self.tokenizer, chat_template_kwargs=template_kwargs
+        )
 
     @property
     def endpoint(self) -> Runtime:

@@ -113,6 +113,22 @@ def merge_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"role": "user", "content": system["content"]}, *rest]
 
 
+def check_template_kwargs(template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """A copy of `chat_template_kwargs`; ValueError unless it is a dict of string keys that
+    `render_chat` does not set itself."""
+    if template_kwargs is None:
+        return {}
+    is_dict = isinstance(template_kwargs, dict)
+    if not is_dict or not all(isinstance(k, str) for k in template_kwargs):
+        raise ValueError(
+            f"chat_template_kwargs must be a dict with string keys, got {template_kwargs!r}"
+        )
+    for key in template_kwargs:
+        if key in _RESERVED:
+            raise ValueError(f"chat_template_kwargs may not set {key!r}")
+    return dict(template_kwargs)
+
+
 def render_chat(
     tokenizer: Any,
     messages: list[dict[str, Any]],
@@ -126,10 +142,7 @@ def render_chat(
     kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
     if tools:
         kwargs["tools"] = tools
-    for key, value in (template_kwargs or {}).items():
-        if key in _RESERVED:
-            raise ValueError(f"chat_template_kwargs may not set {key!r}")
-        kwargs[key] = value
+    kwargs.update(check_template_kwargs(template_kwargs))
     try:
         return tokenizer.apply_chat_template(messages, **kwargs)
     except TemplateError:

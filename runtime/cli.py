@@ -23,6 +23,7 @@ import types
 import typing
 from typing import Any
 
+from radixflow.runtime.chat_templates import check_template_kwargs, render_chat
 from radixflow.runtime.config import (
     SGLANG_IGNORED,
     SGLANG_RENAMES,
@@ -147,7 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="generate for one prompt and print it as it streams")
     run.add_argument("prompt")
-    run.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    run.add_argument(
+        "--chat", action="store_true",
+        help="send the prompt as a user message through the chat template (the model's, or "
+        "--chat-template's), as the server's chat route does",
+    )  # fmt: skip
+    run.add_argument(
+        "--chat-template-kwargs", type=_json_object, default=None, metavar="JSON",
+        help='with --chat: extra template variables, e.g. \'{"enable_thinking": false}\'',
+    )  # fmt: skip
     run.add_argument("--max-new-tokens", type=int, default=128)
     run.add_argument("--temperature", type=float, default=0.0)
     run.add_argument("--top-p", type=float, default=1.0)
@@ -166,6 +175,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_log_level(bench, "warning")
     add_engine_flags(bench)
     return parser
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def _add_log_level(parser: argparse.ArgumentParser, default: str = "info") -> None:
@@ -225,11 +244,16 @@ def _run(args: argparse.Namespace) -> int:
     for name in ("seed", "regex", "json_schema"):
         if getattr(args, name) is not None:
             params[name] = getattr(args, name)
+    if args.chat_template_kwargs is not None and not args.chat:
+        raise ValueError("--chat-template-kwargs needs --chat")
+    check_template_kwargs(args.chat_template_kwargs)
     with Engine(**engine_kwargs(args)) as engine:
         prompt = args.prompt
-        if args.chat:
-            prompt = engine.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        if args.chat:  # the chat route's rendering: the engine's tokenizer has the override
+            prompt = render_chat(
+                engine.tokenizer,
+                [{"role": "user", "content": prompt}],
+                template_kwargs=args.chat_template_kwargs,
             )
         ids = engine.tokenizer.encode(prompt, add_special_tokens=not args.chat)
         shown = 0

@@ -30,6 +30,7 @@ from typing import Any
 
 from radixflow.grammars import GrammarLimits
 from radixflow.grammars.compiler import DEFAULT_CACHE_MB
+from radixflow.kernels.cpu_build import cpu_kernels_available
 
 logger = logging.getLogger(__name__)
 
@@ -288,12 +289,19 @@ def startup_summary(engine: Any) -> str:
     gib *= engine.runner.dtype.itemsize / 2**30
     return (
         f"model {engine.model_dir} | dtype {str(engine.runner.dtype).removeprefix('torch.')} | "
-        f"device {engine.runner.device} | KV pool {pool.capacity_tokens} tokens "
-        f"({gib:.2f} GiB) | context {engine.context_length} | attention "
-        f"{engine.runner.attention_backend} | grammar backend radixflow | "
+        f"device {engine.runner.device} | kernels {_kernels(engine)} | KV pool "
+        f"{pool.capacity_tokens} tokens ({gib:.2f} GiB) | context {engine.context_length} | "
+        f"attention {engine.runner.attention_backend} | grammar backend radixflow | "
         f"chat template {engine.config.chat_template or 'from the model'} | tool-call parser "
         f"{engine.config.tool_call_parser} | reasoning parser {engine.config.reasoning_parser}"
     )
+
+
+def _kernels(engine: Any) -> str:
+    """Which kernels the model's ops run: Triton on CUDA, the C++ CPU kernels, or torch."""
+    if str(engine.runner.device).startswith("cuda"):
+        return "triton"
+    return "C++ CPU (AVX-512)" if cpu_kernels_available() else "torch (no C++ CPU kernels)"
 
 
 def request_log_line(req: Any) -> str:

@@ -15,7 +15,6 @@ import logging
 import queue
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future
@@ -28,12 +27,19 @@ from radixflow.grammars import GrammarBudgetExceeded
 from radixflow.runtime.config import EngineConfig, request_log_line, startup_summary
 from radixflow.runtime.constrained import GrammarBackend, budget_abort, grammar_limits
 from radixflow.runtime.detokenizer import IncrementalDetokenizer, StopRegexTimeout
+from radixflow.runtime.io_struct import (
+    AbortCause,
+    EngineStats,
+    FinishReason,
+    GenerateInput,
+    GenerateItem,
+    InputLimits,
+)
 from radixflow.runtime.jump_forward import jump_forward
-from radixflow.runtime.model_loader import load_checkpoint, with_defaults
+from radixflow.runtime.model_loader import load_checkpoint
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.request import LogprobRequest, Req
 from radixflow.runtime.sampler import RequestSampler, Sampler, SamplingBatch
-from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.scheduler import ScheduledStep, Scheduler, SchedulerLimits
 from radixflow.runtime.speculative import Speculator, build_speculator
 from radixflow.runtime.text import check_encodable
@@ -105,6 +111,12 @@ class Engine:
         # SGLang's max request length: the KV pool caps it too, so one request always fits.
         self.context_length = min(self.model_context_length, self.runner.pool.capacity_tokens)
         self.eos_token_ids = _eos_ids(checkpoint)
+        self.limits = InputLimits(
+            self.vocab_size,
+            self.model_context_length,
+            self.context_length,
+            dict(self.sampling_defaults or {}),
+        )
         self.scheduler = Scheduler(
             self.runner.pool,
             SchedulerLimits(
@@ -167,7 +179,7 @@ class Engine:
         token_ids_logprob: list[int] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (a dict), a list (a list of dicts) or stream (an iterator)."""
-        groups, batched = self._make_requests(
+        inp = self.make_input(
             prompt,
             sampling_params,
             input_ids,
@@ -178,14 +190,13 @@ class Engine:
             rid,
             token_ids_logprob,
         )
-        reqs = [r for g in groups for r in g]
+        reqs = self._reqs(inp)
         for req, compiled in self._compile_grammars(reqs):
             req.grammar = compiled.result().matcher()
         sinks = self._submit_all(reqs, None)
-        if stream:
+        if inp.stream:
             return self._stream_sync(sinks[0])
-        results = [self._wait_final_sync(s) for s in sinks]
-        return _shape(results, groups, batched)
+        return _shape([self._wait_final_sync(s) for s in sinks], inp)
 
     async def async_generate(
         self,
@@ -200,7 +211,7 @@ class Engine:
         token_ids_logprob: list[int] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         """The asyncio twin of `generate`; with stream=True it returns an async iterator."""
-        groups, batched = self._make_requests(
+        inp = self.make_input(
             prompt,
             sampling_params,
             input_ids,
@@ -211,12 +222,21 @@ class Engine:
             rid,
             token_ids_logprob,
         )
+        return await self.async_run(inp)
+
+    async def async_run(
+        self, inp: GenerateInput
+    ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
+        """Run an already validated input: its result dicts, shaped as `async_generate`'s
+        (an async iterator when it streams: the server streams each item on its own)."""
+        if self._stopped:
+            raise RuntimeError("the engine has been shut down")
         loop = asyncio.get_running_loop()
-        reqs = [r for g in groups for r in g]
+        reqs = self._reqs(inp)
         for req, compiled in self._compile_grammars(reqs):
             req.grammar = (await asyncio.wrap_future(compiled)).matcher()
         sinks = self._submit_all(reqs, loop)
-        if stream:
+        if inp.stream:
             return self._stream_async(sinks[0], reqs[0].rid)
         try:
             results = [await self._wait_final_async(s) for s in sinks]
@@ -224,7 +244,7 @@ class Engine:
             for r in reqs:
                 self.abort(r.rid)
             raise
-        return _shape(results, groups, batched)
+        return _shape(results, inp)
 
     def flush_cache(self) -> None:
         """Empty the prefix cache and the compiled-grammar cache; refuses (RuntimeError) while
@@ -243,12 +263,10 @@ class Engine:
     ) -> PinnedPrefix:
         """Compute the KV of a prefix and keep it in the radix cache, never evicted, until
         `unpin_prefix`: what a program that forks or batches over the prefix does first."""
-        groups, batched = self._make_requests(
-            prompt, {"max_new_tokens": 0}, input_ids, False, None, None, False, None, None
-        )
-        if batched:
+        inp = self.make_input(prompt, {"max_new_tokens": 0}, input_ids)
+        if inp.batched:
             raise ValueError("pin_prefix takes one prompt, not a list")
-        req = groups[0][0]
+        req = self._new_req(inp.items[0], False)
         req.pin_id = req.rid
         out = self._wait_final_sync(self._submit_all([req], None)[0])
         reason = out["meta_info"]["finish_reason"]
@@ -288,6 +306,18 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
+    def snapshot(self) -> EngineStats:
+        """The engine's load and counters now (read from any thread)."""
+        return EngineStats(
+            num_running_reqs=len(self.scheduler.running),
+            num_waiting_reqs=len(self.scheduler.waiting),
+            kv_pages_total=self.kv_pages_total(),
+            kv_pages_free=self.kv_pages_free(),
+            page_size=self.config.page_size,
+            grammar_cache_bytes=self.grammars.cache_nbytes(),
+            counters=dict(self.stats),
+        )
+
     def kv_pages_free(self) -> int:
         return self.runner.pool.available()
 
@@ -295,18 +325,19 @@ class Engine:
         return self.runner.pool.capacity_pages
 
     # -- request construction (caller thread) -----------------------------------------------
-    def _make_requests(
+    def make_input(
         self,
-        prompt,
-        sampling_params,
-        input_ids,
-        return_logprob,
-        logprob_start_len,
-        top_logprobs_num,
-        stream,
-        rid,
-        token_ids_logprob=None,
-    ) -> tuple[list[list[Req]], bool]:
+        prompt: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        stream: bool = False,
+        rid: str | None = None,
+        token_ids_logprob: list[int] | None = None,
+    ) -> GenerateInput:
+        """The validated `GenerateInput` of `generate`'s arguments."""
         if self._stopped:
             raise RuntimeError("the engine has been shut down")
         if (prompt is None) == (input_ids is None):
@@ -320,49 +351,22 @@ class Engine:
         else:
             batched = bool(input_ids) and isinstance(input_ids[0], list)
             ids_list = input_ids if batched else [input_ids]
-        if isinstance(sampling_params, list):
-            if len(sampling_params) != len(ids_list):
-                raise ValueError(
-                    f"sampling_params has {len(sampling_params)} entries for {len(ids_list)} prompts"
-                )
-            params_list = [
-                SamplingParams.from_dict(with_defaults(self.sampling_defaults, p))
-                for p in sampling_params
-            ]
-        else:
-            params_list = [
-                SamplingParams.from_dict(with_defaults(self.sampling_defaults, sampling_params))
-            ] * len(ids_list)
-        logprob = LogprobRequest(
-            return_logprob=bool(return_logprob),
-            logprob_start_len=-1 if logprob_start_len is None else int(logprob_start_len),
-            top_logprobs_num=int(top_logprobs_num or 0),
-            token_ids=None if token_ids_logprob is None else list(token_ids_logprob),
+        logprob = self.limits.logprob(
+            return_logprob, logprob_start_len, top_logprobs_num, token_ids_logprob
         )
-        if logprob.top_logprobs_num < 0:
-            raise ValueError(f"top_logprobs_num must be >= 0, got {top_logprobs_num}")
-        if logprob.token_ids is not None and not all(
-            _is_token_id(t, self.vocab_size) for t in logprob.token_ids
-        ):
-            raise ValueError(f"token_ids_logprob must be integers in [0, {self.vocab_size})")
-        groups = []
-        for i, (ids, params) in enumerate(zip(ids_list, params_list, strict=True)):
-            self.check_prompt(ids)
-            params.validate(self.vocab_size, self.model_context_length)
-            base = rid if rid is not None and len(ids_list) == 1 else None
-            base = base or (f"{rid}-{i}" if rid is not None else uuid.uuid4().hex)
-            copies = params.expand()
-            groups.append(
-                [
-                    self._new_req(
-                        base if len(copies) == 1 else f"{base}-{j}", ids, p, logprob, stream
-                    )
-                    for j, p in enumerate(copies)
-                ]
-            )
-        if stream and sum(len(g) for g in groups) != 1:
-            raise ValueError("stream=True takes a single prompt with n=1")
-        return groups, batched
+        return GenerateInput.build(
+            ids_list,
+            sampling_params,
+            self.limits,
+            batched=batched,
+            rid=rid,
+            logprobs=[logprob] * len(ids_list),
+            stream=stream,
+            prompt_field="prompt" if prompt is not None else "input_ids",
+        )
+
+    def _reqs(self, inp: GenerateInput) -> list[Req]:
+        return [self._new_req(item, inp.stream) for item in inp.items]
 
     def _compile_grammars(self, reqs: list[Req]) -> list[tuple[Req, Future]]:
         """Start compiling the grammars of constrained requests on the grammar pool."""
@@ -375,30 +379,10 @@ class Engine:
     def check_prompt(self, ids: list[int]) -> None:
         """Raise ValueError unless `ids` is a prompt this engine can run: non-empty, in the
         vocabulary, and short enough to leave room for a generated token."""
-        if not ids:
-            raise ValueError("prompt is empty")
-        if not all(_is_token_id(t, self.vocab_size) for t in ids):
-            raise ValueError(f"input_ids must be integers in [0, {self.vocab_size})")
-        if len(ids) < self.context_length:
-            return
-        if self.context_length < self.model_context_length:
-            raise ValueError(
-                f"the prompt ({len(ids)} tokens) and one generated token do not fit the KV pool, "
-                f"which holds {self.context_length} tokens (raise max_total_tokens or kv_cache_gb)"
-            )
-        raise ValueError(
-            f"the prompt ({len(ids)} tokens) is longer than the model's context length "
-            f"({self.context_length} tokens)"
-        )
+        self.limits.check_prompt(ids)
 
-    def _new_req(
-        self,
-        rid: str,
-        ids: list[int],
-        params: SamplingParams,
-        logprob: LogprobRequest,
-        stream: bool,
-    ) -> Req:
+    def _new_req(self, item: GenerateItem, stream: bool) -> Req:
+        params, ids = item.params, item.input_ids
         detok = IncrementalDetokenizer(
             self.tokenizer,
             skip_special_tokens=params.skip_special_tokens,
@@ -408,7 +392,8 @@ class Engine:
             stop_regexes=params.stop_regex_patterns,
         )
         sampler = RequestSampler(params, prompt_ids=ids, eos_token_ids=self.eos_token_ids)
-        return Req(rid, list(ids), params, sampler, detok, logprob, stream)
+        logprob = item.logprob or LogprobRequest()
+        return Req(item.rid, list(ids), params, sampler, detok, logprob, stream)
 
     def _submit_all(self, reqs: list[Req], loop: asyncio.AbstractEventLoop | None) -> list[_Sink]:
         """Hand requests to the engine thread; a rid still in use refuses them all."""
@@ -469,11 +454,13 @@ class Engine:
                 logger.exception("engine step failed")
                 for req in list(self.scheduler.running):
                     self.scheduler.remove(req)
-                    self._finish(req, {"type": "abort", "message": f"engine error: {exc!r}"})
+                    self._finish(
+                        req, FinishReason.abort(f"engine error: {exc!r}", AbortCause.ENGINE)
+                    )
         self._drain_inbox()  # answer what arrived during shutdown: requests are aborted below
         for req in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.remove(req)
-            self._finish(req, {"type": "abort", "message": "engine shut down"})
+            self._finish(req, FinishReason.abort("engine shut down", AbortCause.CANCELLED))
 
     def _drain_inbox(self) -> None:
         while True:
@@ -504,7 +491,7 @@ class Engine:
         for req in itertools.chain(self.scheduler.running, self.scheduler.waiting):
             if req.rid == rid:
                 self.scheduler.remove(req)
-                self._finish(req, {"type": "abort", "message": "aborted by request"})
+                self._finish(req, FinishReason.abort("aborted by request", AbortCause.CANCELLED))
                 return
 
     def step(self) -> None:
@@ -535,7 +522,7 @@ class Engine:
                 if req.pin_id is not None:
                     req.pinned_tokens = self.scheduler.pin(req.pin_id, req.prompt_ids)
                     self.stats["pinned_tokens"] = self.scheduler.pinned_tokens
-                self._finish(req, {"type": "length", "length": 0})
+                self._finish(req, FinishReason.limit(0))
             else:
                 sampled.append((req, row))
         if not sampled:
@@ -599,7 +586,7 @@ class Engine:
                     break
             self._after_sampling(req, appended, reason)
 
-    def _append(self, req: Req, token: int, now: float) -> dict[str, Any] | None:
+    def _append(self, req: Req, token: int, now: float) -> FinishReason | dict[str, Any] | None:
         """Add a sampled token; an abort reason if the request's grammar refuses it."""
         try:
             refused = req.grammar is not None and not req.grammar.accept(token)
@@ -608,14 +595,16 @@ class Engine:
         if refused:
             # Only a row with no allowed token at all (e.g. min_new_tokens blocking the EOS
             # the grammar requires) gets here; fail this request alone.
-            return {"type": "abort", "message": f"no token satisfies the grammar (sampled {token})"}
+            return FinishReason.abort(f"no token satisfies the grammar (sampled {token})")
         req.output_ids.append(token)
         req.sampler.observe(token)
         if req.first_token_time is None:
             req.first_token_time = now
         return None
 
-    def _after_sampling(self, req: Req, appended: int, reason: dict[str, Any] | None) -> None:
+    def _after_sampling(
+        self, req: Req, appended: int, reason: FinishReason | dict[str, Any] | None
+    ) -> None:
         """Drop the KV of rejected drafts, jump forward, then finish or stream the request."""
         # Only the newest token lacks KV; a verify step wrote KV for drafts that were rejected,
         # lowering kv_len leaves their pages to be rewritten (they never reach the radix tree).
@@ -636,40 +625,44 @@ class Engine:
         elif req.stream:
             self._emit(req)
 
-    def _finish_reason(self, req: Req, token: int) -> dict[str, Any] | None:
+    def _finish_reason(self, req: Req, token: int) -> FinishReason | dict[str, Any] | None:
         p = req.params
         if (not p.ignore_eos and token in self.eos_token_ids) or (
             p.stop_token_ids and token in p.stop_token_ids
         ):
-            return {"type": "stop", "matched": token}
+            return FinishReason.stop(token)
         if req.stream or p.stop_strings or p.stop_regex_patterns:
             try:
                 matched = req.detokenizer.update(req.output_ids)
             except StopRegexTimeout as exc:
-                return {"type": "abort", "message": str(exc)}
+                return FinishReason.abort(str(exc))
             if matched is not None:
-                return {"type": "stop", "matched": matched}
+                return FinishReason.stop(matched)
         return self._done_reason(req)
 
-    def _done_reason(self, req: Req) -> dict[str, Any] | None:
+    def _done_reason(self, req: Req) -> FinishReason | dict[str, Any] | None:
         """Finish reason once the grammar is complete or the output or context is full."""
         p = req.params
         try:
             if req.grammar is not None and req.grammar.is_terminated():
-                return {"type": "stop", "matched": None}
+                return FinishReason.stop(None)
         except GrammarBudgetExceeded as exc:
             return budget_abort(exc)
         if len(req.output_ids) >= p.max_new_tokens:
-            return {"type": "length", "length": p.max_new_tokens}
+            return FinishReason.limit(p.max_new_tokens)
         if req.fill_len >= self.context_length:
-            return {"type": "length", "length": len(req.output_ids)}
+            return FinishReason.limit(len(req.output_ids))
         return None
 
-    def _finish(self, req: Req, reason: dict[str, Any]) -> None:
-        req.finish_reason = reason
+    def _finish(self, req: Req, reason: FinishReason | dict[str, Any]) -> None:
+        """Finish a request; a dict reason (the scheduler's, a grammar budget's) is read as
+        SGLang's form. The request keeps that form: it is what outputs carry."""
+        if isinstance(reason, dict):
+            reason = FinishReason.from_dict(reason)
+        req.finish_reason = reason.to_dict()
         if self.speculator is not None:
             self.speculator.release(req)
-        if reason["type"] != "stop" or not isinstance(reason.get("matched"), str):
+        if reason.kind != "stop" or not isinstance(reason.matched, str):
             req.detokenizer.flush(req.output_ids)
         self.stats["prompt_tokens"] += len(req.prompt_ids)
         self.stats["cached_tokens"] += req.cached_tokens
@@ -838,10 +831,6 @@ def _top(
     return list(zip(finite.tolist(), ids[i, :k].tolist(), strict=True))
 
 
-def _is_token_id(t: object, vocab_size: int) -> bool:
-    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
-
-
 def _shutdown_if_alive(ref: weakref.ref) -> None:
     engine = ref()
     if engine is not None:
@@ -861,7 +850,8 @@ def _eos_ids(checkpoint) -> set[int]:
     return ids
 
 
-def _shape(results: list[dict[str, Any]], groups: list[list[Req]], batched: bool):
-    if batched or len(groups[0]) > 1:
+def _shape(results: list[dict[str, Any]], inp: GenerateInput):
+    """One dict for a lone prompt with n=1, else the list."""
+    if inp.batched or len(inp.items) > 1:
         return results
     return results[0]

@@ -8,7 +8,7 @@ measured by the server between streamed chunks, or averaged over the decode for 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import (
@@ -20,6 +20,9 @@ from prometheus_client import (
     generate_latest,
 )
 
+if TYPE_CHECKING:
+    from radixflow.runtime.engine import Engine
+
 __all__ = ["CONTENT_TYPE", "ServerMetrics", "StreamTimer"]
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
@@ -29,7 +32,7 @@ _ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3,
 class ServerMetrics:
     """The metrics of one server over one engine; `render()` gives the /metrics body."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         ProcessCollector(registry=r)  # process_resident_memory_bytes, cpu seconds, open fds
@@ -67,21 +70,21 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        sched = engine.scheduler
+        snapshot = engine.snapshot
         Gauge("radixflow_num_running_reqs", "Requests being decoded", registry=r).set_function(
-            lambda: len(sched.running)
+            lambda: snapshot().num_running_reqs
         )
         Gauge("radixflow_num_waiting_reqs", "Requests in the queue", registry=r).set_function(
-            lambda: len(sched.waiting)
+            lambda: snapshot().num_waiting_reqs
         )
         Gauge("radixflow_kv_pages_total", "KV pool size in pages", registry=r).set_function(
-            engine.kv_pages_total
+            lambda: snapshot().kv_pages_total
         )
         Gauge("radixflow_kv_pages_used", "KV pages in use", registry=r).set_function(
-            lambda: engine.kv_pages_total() - engine.kv_pages_free()
+            lambda: snapshot().kv_pages_used
         )
         Gauge("radixflow_kv_usage", "Fraction of the KV pool in use", registry=r).set_function(
-            lambda: 1 - engine.kv_pages_free() / max(engine.kv_pages_total(), 1)
+            lambda: snapshot().token_usage
         )
         Gauge(
             "radixflow_cache_hit_rate",
@@ -90,23 +93,20 @@ class ServerMetrics:
         ).set_function(lambda: self._cached_sum / max(self._prompt_sum, 1))
         self._prompt_sum = 0
         self._cached_sum = 0
-        stats = engine.stats
         Gauge(
             "radixflow_pinned_tokens", "Prompt tokens pinned in the radix cache", registry=r
-        ).set_function(lambda: stats["pinned_tokens"])
+        ).set_function(lambda: snapshot().pinned_tokens)
         Gauge(
             "radixflow_grammar_cache_bytes", "Bytes held by cached compiled grammars", registry=r
-        ).set_function(engine.grammars.cache_nbytes)
+        ).set_function(lambda: snapshot().grammar_cache_bytes)
         Gauge(
             "radixflow_spec_accept_length",
             "Tokens emitted per speculative verify step (accepted drafts + 1) since start",
             registry=r,
-        ).set_function(
-            lambda: 1 + stats["spec_accepted_tokens"] / max(stats["spec_verify_steps"], 1)
-        )
+        ).set_function(lambda: snapshot().spec_accept_length)
         Gauge(
             "radixflow_spec_accept_rate", "Accepted / proposed draft tokens since start", registry=r
-        ).set_function(lambda: stats["spec_accepted_tokens"] / max(stats["spec_draft_tokens"], 1))
+        ).set_function(lambda: snapshot().spec_accept_rate)
 
     def observe_finished(self, result: dict[str, Any], streamed: bool) -> None:
         """Count one finished request from its final output dict."""

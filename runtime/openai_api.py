@@ -8,6 +8,7 @@ response (an error event when streaming), never a `finish_reason` outside OpenAI
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 import uuid
@@ -18,6 +19,7 @@ from fastapi import APIRouter, Request
 from jinja2 import TemplateError
 
 from radixflow.runtime.chat_templates import render_chat
+from radixflow.runtime.io_struct import AbortCause, FinishReason, GenerateInput
 from radixflow.runtime.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -26,7 +28,6 @@ from radixflow.runtime.openai_protocol import (
 from radixflow.runtime.openai_tools import ChatReply, ToolPlan, history_message
 from radixflow.runtime.serving import (
     APIError,
-    Batch,
     EngineStream,
     LogprobArgs,
     ServerContext,
@@ -109,7 +110,7 @@ async def completions(body: CompletionRequest, request: Request):
         raise APIError("echo is not supported with stream", param="echo")
     prompts = await _completion_prompts(ctx, body.prompt)
     params = sampling_params(body, body.max_tokens)
-    batch = ctx.client.build(prompts, [params] * len(prompts), body.rid, OPENAI_NAMES)
+    batch = ctx.client.build(prompts, params, body.rid, OPENAI_NAMES, "prompt")
     logprob = LogprobArgs(
         return_logprob=body.logprobs is not None,
         top_logprobs_num=body.logprobs or 0,
@@ -122,7 +123,7 @@ async def completions(body: CompletionRequest, request: Request):
         return SSEResponse(stream, chunks)
     results = await ctx.client.generate(batch, logprob, request)
     choices = []
-    for i, (sub, r) in enumerate(zip(batch.subs, results, strict=True)):
+    for i, (sub, r) in enumerate(zip(batch.items, results, strict=True)):
         text, meta = r["text"], r["meta_info"]
         lp = None
         if body.logprobs is not None:
@@ -157,14 +158,14 @@ async def _completion_stream(
     ctx: ServerContext,
     body: CompletionRequest,
     model: str,
-    batch: Batch,
+    batch: GenerateInput,
     chunks: EngineStream,
     rid: str,
     created: int,
 ) -> AsyncIterator[str]:
-    sent_chars = [0] * len(batch.subs)
-    sent_tokens = [0] * len(batch.subs)
-    results: list[dict | None] = [None] * len(batch.subs)
+    sent_chars = [0] * len(batch.items)
+    sent_tokens = [0] * len(batch.items)
+    results: list[dict | None] = [None] * len(batch.items)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     base = {"id": rid, "object": "text_completion", "created": created, "model": model}
     async for i, item in chunks:
@@ -193,28 +194,38 @@ async def _completion_stream(
 def _completion_logprobs(
     ctx: ServerContext, meta: dict, echo: bool, prompt_ids: list[int], start: int = 0
 ) -> dict[str, Any]:
-    entries = list(meta.get("output_token_logprobs", []))[start:]
-    tops = list(meta.get("output_top_logprobs", []))[start:]
+    """Completion logprobs from output entry `start` on (and the prompt's first, with echo);
+    `text_offset` counts characters of the whole text, so stream chunks continue it."""
+    entries = list(meta.get("output_token_logprobs", []))
+    tops = list(meta.get("output_top_logprobs", []))
     if echo:
         prompt_lps = meta.get("input_token_logprobs", [])
         entries = [(lp, t, None) for (lp, t, _) in prompt_lps] + entries
         tops = list(meta.get("input_top_logprobs", [None] * len(prompt_lps))) + tops
-    tokens = [token_name(ctx, t) for _, t, _ in entries]
-    offsets, pos = [], 0
-    for tok in tokens:
-        offsets.append(pos)
-        pos += len(tok)
+    offsets = _text_offsets(ctx, [t for _, t, _ in entries])[start:]
+    entries, tops = entries[start:], tops[start:]
     top = None
     if tops:
         top = [
             None if row is None else {token_name(ctx, t): lp for lp, t, _ in row} for row in tops
         ]
     return {
-        "tokens": tokens,
+        "tokens": [token_name(ctx, t) for _, t, _ in entries],
         "token_logprobs": [lp for lp, _, _ in entries],
         "top_logprobs": top,
         "text_offset": offsets,
     }
+
+
+def _text_offsets(ctx: ServerContext, token_ids: list[int]) -> list[int]:
+    """Where each token starts in the decoded text, in characters: a token holding the tail
+    of a multi-byte character starts where that character does."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    offsets, chars = [], 0
+    for t in token_ids:
+        offsets.append(chars)
+        chars += len(decoder.decode(token_bytes(ctx, t)))
+    return offsets
 
 
 def token_bytes(ctx: ServerContext, token_id: int) -> bytes:
@@ -270,7 +281,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 
 async def prepare_chat(
     ctx: ServerContext, body: ChatCompletionRequest
-) -> tuple[ToolPlan | None, ChatReply | None, Batch]:
+) -> tuple[ToolPlan | None, ChatReply | None, GenerateInput]:
     """A chat request's tool plan, reply reader and engine batch (also for /v1/responses)."""
     plan = ToolPlan.from_request(
         body.tools, body.tool_choice, body.parallel_tool_calls is not False
@@ -297,7 +308,7 @@ async def prepare_chat(
         params.update(reply.sampling_overrides())
     if plan is not None:
         params["json_schema"] = plan_schema(plan)
-    batch = ctx.client.build([ids], [params], body.rid, OPENAI_NAMES)
+    batch = ctx.client.build([ids], params, body.rid, OPENAI_NAMES, "messages", batched=False)
     return plan, reply, batch
 
 
@@ -377,13 +388,13 @@ async def _chat_stream(
     body: ChatCompletionRequest,
     model: str,
     plan: ToolPlan | None,
-    batch: Batch,
+    batch: GenerateInput,
     chunks: EngineStream,
     rid: str,
     created: int,
     reply: ChatReply | None = None,
 ) -> AsyncIterator[str]:
-    n = len(batch.subs)
+    n = len(batch.items)
     readers = [reply.stream() if reply is not None else None for _ in range(n)]
     sent_chars, sent_tokens = [0] * n, [0] * n
     results: list[dict | None] = [None] * n
@@ -498,10 +509,10 @@ def response_schema(fmt: ResponseFormat) -> str | None:
     return json.dumps(fmt.json_schema.schema_)
 
 
-def usage(batch: Batch, results: list[dict]) -> dict[str, Any]:
+def usage(batch: GenerateInput, results: list[dict]) -> dict[str, Any]:
     """Prompt tokens count once per prompt (not per sample); completion tokens per sample."""
     prompt, cached = {}, {}
-    for sub, r in zip(batch.subs, results, strict=True):
+    for sub, r in zip(batch.items, results, strict=True):
         meta = r["meta_info"]
         prompt[sub.prompt_index] = meta["prompt_tokens"]
         cached[sub.prompt_index] = max(
@@ -534,12 +545,10 @@ def aborted(meta: dict) -> bool:
 def abort_error(meta: dict) -> OpenAIError:
     """The error an aborted engine run answers with: the request's own fault (a grammar
     budget, a prompt too large for the KV pool) is a 400, the server's a 5xx."""
-    message = meta["finish_reason"].get("message") or "the request was aborted"
-    if message.startswith("engine error"):
-        return OpenAIError(message, 500, code="engine_error", type="server_error")
-    if message in ("engine shut down", "aborted by request"):
-        return OpenAIError(message, 503, code="request_aborted", type="server_error")
-    return OpenAIError(message, 400, code="request_failed", type="invalid_request_error")
+    reason = FinishReason.from_dict(meta["finish_reason"])
+    message = reason.message or "the request was aborted"
+    kind = "invalid_request_error" if reason.cause is AbortCause.REQUEST else "server_error"
+    return OpenAIError(message, reason.cause.status, code=reason.cause.err_type, type=kind)
 
 
 def error_event(meta: dict) -> str:

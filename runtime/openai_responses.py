@@ -25,6 +25,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from radixflow.runtime.io_struct import GenerateInput
 from radixflow.runtime.openai_api import (
     abort_error,
     aborted,
@@ -55,7 +56,6 @@ from radixflow.runtime.openai_protocol import (
 from radixflow.runtime.openai_tools import ChatReply, ToolPlan
 from radixflow.runtime.serving import (
     APIError,
-    Batch,
     EngineStream,
     LogprobArgs,
     ServerContext,
@@ -312,7 +312,7 @@ async def _stream(
     chat: ChatCompletionRequest,
     plan: ToolPlan | None,
     reply: ChatReply | None,
-    batch: Batch,
+    batch: GenerateInput,
     chunks: EngineStream,
 ) -> AsyncIterator[str]:
     event = _Events()

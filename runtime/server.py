@@ -18,7 +18,7 @@ import logging
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -52,6 +52,9 @@ from radixflow.runtime.serving import (
     sse,
 )
 
+if TYPE_CHECKING:
+    from radixflow.runtime.engine import Engine
+
 logger = logging.getLogger(__name__)
 
 WARMUP_PROMPT = "The capital of France is"
@@ -65,7 +68,7 @@ class StrictJSONResponse(JSONResponse):
 
 
 def create_app(
-    engine: Any,
+    engine: Engine,
     *,
     api_key: str | None = None,
     admin_api_key: str | None = None,
@@ -247,7 +250,7 @@ async def get_model_info(request: Request) -> dict[str, Any]:
     hf_config = ctx.engine.runner.hf_config
     return {
         "model_path": ctx.model_path,
-        "tokenizer_path": ctx.model_path,
+        "tokenizer_path": ctx.engine.config.tokenizer_path or ctx.model_path,
         "served_model_name": ctx.served_model_name,
         "is_generation": True,
         "model_type": getattr(hf_config, "model_type", None),
@@ -256,6 +259,8 @@ async def get_model_info(request: Request) -> dict[str, Any]:
         "has_audio_understanding": False,
         "context_length": ctx.engine.context_length,
         "vocab_size": ctx.engine.vocab_size,
+        # the template chat requests use (--chat-template's when set), for RuntimeEndpoint
+        "chat_template": getattr(ctx.engine.tokenizer, "chat_template", None),
     }
 
 
@@ -263,14 +268,13 @@ async def get_model_info(request: Request) -> dict[str, Any]:
 async def get_load(request: Request) -> list[dict[str, Any]]:
     """What SGLang's router balances on, one entry per data-parallel rank (it sums
     `num_tokens`): requests running and waiting, KV tokens held (the prefix cache's too)."""
-    engine = request.app.state.ctx.engine
-    pages_used = engine.kv_pages_total() - engine.kv_pages_free()
+    stats = request.app.state.ctx.engine.snapshot()
     return [
         {
             "dp_rank": 0,
-            "num_reqs": len(engine.scheduler.running),
-            "num_waiting_reqs": len(engine.scheduler.waiting),
-            "num_tokens": pages_used * engine.config.page_size,
+            "num_reqs": stats.num_running_reqs,
+            "num_waiting_reqs": stats.num_waiting_reqs,
+            "num_tokens": stats.kv_tokens_used,
         }
     ]
 
@@ -280,17 +284,18 @@ async def get_load(request: Request) -> list[dict[str, Any]]:
 async def server_info(request: Request) -> dict[str, Any]:
     ctx: ServerContext = request.app.state.ctx
     engine = ctx.engine
+    stats = engine.snapshot()
     return {
         **dataclasses.asdict(engine.config),
         "version": radixflow.__version__,
         "served_model_name": ctx.served_model_name,
         "context_length": engine.context_length,
         "vocab_size": engine.vocab_size,
-        "kv_pages_total": engine.kv_pages_total(),
-        "kv_pages_free": engine.kv_pages_free(),
-        "num_running_reqs": len(engine.scheduler.running),
-        "num_waiting_reqs": len(engine.scheduler.waiting),
-        "stats": dict(engine.stats),
+        "kv_pages_total": stats.kv_pages_total,
+        "kv_pages_free": stats.kv_pages_free,
+        "num_running_reqs": stats.num_running_reqs,
+        "num_waiting_reqs": stats.num_waiting_reqs,
+        "stats": dict(stats.counters),
     }
 
 
@@ -339,23 +344,20 @@ async def generate(body: GenerateRequest, request: Request):
     if body.text is not None:
         batched = isinstance(body.text, list)
         texts = body.text if batched else [body.text]
-        prompts = [client.check_ids(await client.tokenize(t, "text"), "text") for t in texts]
+        prompts = [await client.tokenize(t, "text") for t in texts]
     else:
         batched = bool(body.input_ids) and isinstance(body.input_ids[0], list)
-        ids = body.input_ids if batched else [body.input_ids]
-        prompts = [client.check_ids(p, "input_ids") for p in ids]
-    if batched and not prompts:
-        raise APIError("the batch is empty", param="text" if body.text is not None else "input_ids")
-    params = body.sampling_params
-    params_list = params if isinstance(params, list) else [params] * len(prompts)
-    batch = client.build(prompts, params_list, body.rid)
+        prompts = body.input_ids if batched else [body.input_ids]
+    prompt_field = "text" if body.text is not None else "input_ids"
+    batch = client.build(prompts, body.sampling_params, body.rid, None, prompt_field, batched)
     logprobs = PromptLogprobs.from_request(body, prompts)
-    for sub in batch.subs:
-        sub.logprob = _sub_logprob(logprobs.per_prompt[sub.prompt_index], sub.params)
+    for item in batch.items:
+        args = _sub_logprob(logprobs.per_prompt[item.prompt_index], item.params.max_new_tokens)
+        item.logprob = client.logprob_options(args)
     shape = _OutputShape(
-        ctx, logprobs.with_text, body.return_prompt_token_ids, [s.input_ids for s in batch.subs]
+        ctx, logprobs.with_text, body.return_prompt_token_ids, [s.input_ids for s in batch.items]
     )
-    many = batched or len(batch.subs) > 1
+    many = batched or len(batch.items) > 1
     if body.stream:
         chunks = await client.stream(batch, LogprobArgs())
         incremental = bool(getattr(ctx.engine.config, "incremental_streaming_output", False))
@@ -365,12 +367,11 @@ async def generate(body: GenerateRequest, request: Request):
     return out if many else out[0]
 
 
-def _sub_logprob(args: LogprobArgs, params: dict[str, Any] | None) -> LogprobArgs:
+def _sub_logprob(args: LogprobArgs, max_new_tokens: int) -> LogprobArgs:
     """A prefill-only request that asks for logprobs without logprob_start_len scores its whole
     prompt: SGLang's frontend sends no start when it scores choices without their context
     (select's unconditional_likelihood_normalized), expecting every prompt token's logprob."""
-    prefill_only = (params or {}).get("max_new_tokens") == 0
-    if args.return_logprob and args.logprob_start_len is None and prefill_only:
+    if args.return_logprob and args.logprob_start_len is None and max_new_tokens == 0:
         return dataclasses.replace(args, logprob_start_len=0)
     return args
 

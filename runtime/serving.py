@@ -1,8 +1,8 @@
 """The HTTP layer's view of the engine: validated sub-requests, merged streams, aborts, metrics.
 
-Every HTTP request becomes a list of `SubRequest`s, one per (prompt, sample) pair, each run as
-its own engine request with n=1, so that `/abort_request`, client disconnects and shutdown can
-stop exactly the engine requests an HTTP request owns:
+Every HTTP request becomes a `GenerateInput` whose items, one per (prompt, sample) pair, each
+run as their own engine request with n=1, so that `/abort_request`, client disconnects and
+shutdown can stop exactly the engine requests an HTTP request owns:
 
     HTTP request (rid R, 2 prompts, n=2) ─► names R-0 R-1 R-2 R-3 (what responses show)
                                             engine rids: random, never chosen by a client
@@ -14,22 +14,25 @@ rids behind it are random 128-bit tokens, so no client can guess or take over an
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
-import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from radixflow.runtime.http_guard import Keys
+from radixflow.runtime.io_struct import GenerateInput, GenerateItem, InputError
 from radixflow.runtime.metrics import ServerMetrics, StreamTimer
-from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.request import LogprobRequest
 from radixflow.runtime.text import check_encodable
+
+if TYPE_CHECKING:
+    from radixflow.runtime.engine import Engine
 
 
 class APIError(Exception):
@@ -50,7 +53,10 @@ class APIError(Exception):
 
     @classmethod
     def from_value_error(cls, exc: ValueError, default_param: str | None = None) -> APIError:
-        """Wrap an engine ValueError; its first quoted identifier names the field."""
+        """Wrap an engine ValueError: an `InputError` names its field, any other's first quoted
+        identifier does."""
+        if isinstance(exc, InputError):
+            return cls(str(exc), 400, exc.field)
         found = re.search(r"'([A-Za-z_][\w.]*)'", str(exc))
         return cls(str(exc), 400, found.group(1) if found else default_param)
 
@@ -101,29 +107,6 @@ class ServerLimits:
 CHARS_PER_TOKEN = 16
 
 
-@dataclass
-class SubRequest:
-    """One engine request: token ids, n=1 sampling params, the index of its prompt, the name
-    responses show for it, its (random) engine rid and, when they differ per prompt, its own
-    logprob options."""
-
-    input_ids: list[int]
-    params: dict[str, Any]
-    prompt_index: int
-    name: str = ""
-    rid: str = field(default_factory=lambda: secrets.token_hex(16))
-    logprob: LogprobArgs | None = None
-
-
-@dataclass
-class Batch:
-    """The sub-requests of one HTTP request, in (prompt, sample) order, and the sub-request
-    names each client rid stands for."""
-
-    subs: list[SubRequest]
-    groups: dict[str, list[str]] = field(default_factory=dict)
-
-
 def json_text(payload: Any) -> str:
     """Strict JSON (no NaN or Infinity) that encodes as UTF-8: a lone surrogate a client sent,
     echoed in an error, is written as its escape."""
@@ -143,12 +126,12 @@ def sse(payload: dict[str, Any]) -> str:
 class EngineClient:
     """Runs batches on the engine; tracks in-flight rids; records metrics."""
 
-    def __init__(self, engine: Any, metrics: ServerMetrics, limits: ServerLimits) -> None:
+    def __init__(self, engine: Engine, metrics: ServerMetrics, limits: ServerLimits) -> None:
         self.engine = engine
         self.metrics = metrics
         self.limits = limits
         self.max_prompt_chars = limits.max_prompt_chars or CHARS_PER_TOKEN * engine.context_length
-        self.inflight: dict[str, list[SubRequest]] = {}  # client rid -> its sub-requests
+        self.inflight: dict[str, list[GenerateItem]] = {}  # client rid -> its items
         self._token_texts: dict[int, str] = {}
 
     # -- building ---------------------------------------------------------------------------
@@ -181,6 +164,7 @@ class EngineClient:
         return text
 
     def check_ids(self, ids: list[int], field_name: str) -> list[int]:
+        """Refuse a prompt the engine cannot run before any other work on the request."""
         try:
             self.engine.check_prompt(ids)
         except ValueError as exc:
@@ -190,76 +174,59 @@ class EngineClient:
     def build(
         self,
         prompts: list[list[int]],
-        params: list[dict[str, Any]],
+        params: dict[str, Any] | list[dict[str, Any]] | None,
         rid: str | list[str] | None,
         param_names: dict[str, str] | None = None,
-    ) -> Batch:
-        """Validate every prompt's params, expand `n`, and name each sub-request's rid.
+        prompt_field: str = "input_ids",
+        batched: bool = True,
+    ) -> GenerateInput:
+        """The validated input of one HTTP request: `n` expanded, engine rids random, and
+        items named after the client rid.
 
         `param_names` renames engine field names in errors (max_new_tokens -> max_tokens).
         """
-        if len(params) != len(prompts):
-            raise APIError(
-                f"sampling_params has {len(params)} entries for {len(prompts)} prompts",
-                param="sampling_params",
-            )
-        copies: list[list[dict[str, Any]]] = []
-        for p in params:
-            try:
-                sp = SamplingParams.from_dict(p)
-                sp.validate(self.engine.vocab_size, self.engine.model_context_length)
-            except (ValueError, TypeError) as exc:
-                err = APIError.from_value_error(ValueError(str(exc)), "sampling_params")
-                err.param = (param_names or {}).get(err.param, err.param)
-                raise err from None
-            copies.append([_one_sample(p or {}, sp, i) for i in range(sp.n)])
-        total = sum(len(c) for c in copies)
-        if total > self.limits.max_requests_per_call:
-            raise APIError(
-                f"this request asks for {total} generations (prompts x n); this server runs "
-                f"at most {self.limits.max_requests_per_call} per call "
-                "(--max-requests-per-call)",
-                param="n",
-            )
-        subs = [
-            SubRequest(ids, c, i)
-            for i, (ids, cs) in enumerate(zip(prompts, copies, strict=True))
-            for c in cs
-        ]
-        batch = Batch(subs, self._rid_groups(rid, len(prompts), subs))
-        for name, sub in zip((n for g in batch.groups.values() for n in g), subs, strict=True):
-            sub.name = name
-        return batch
-
-    def _rid_groups(
-        self, rid: str | list[str] | None, n_prompts: int, subs: list[SubRequest]
-    ) -> dict[str, list[str]]:
-        """Client rid -> engine rids: `R` for a lone request, `R-0`, `R-1`, ... for its samples."""
         for r in rid if isinstance(rid, list) else [rid]:
             if isinstance(r, str):
                 _check_encodable(r, "rid")
-        if isinstance(rid, list):
-            if len(rid) != n_prompts or not all(isinstance(r, str) and r for r in rid):
-                raise APIError("rid must hold one non-empty string per prompt", param="rid")
-            if len(set(rid)) != len(rid):
-                raise APIError("rid values must be distinct", param="rid")
-            sizes = [sum(s.prompt_index == i for s in subs) for i in range(n_prompts)]
-            groups = {
-                r: [r] if k == 1 else [f"{r}-{j}" for j in range(k)]
-                for r, k in zip(rid, sizes, strict=True)
-            }
-        else:
-            if rid is not None and (not isinstance(rid, str) or not rid):
-                raise APIError("rid must be a non-empty string", param="rid")
-            key = rid or uuid.uuid4().hex
-            groups = {key: [key] if len(subs) == 1 else [f"{key}-{i}" for i in range(len(subs))]}
-        return groups
+        try:
+            return GenerateInput.build(
+                prompts,
+                params,
+                self.engine.limits,
+                batched=batched,
+                rid=rid,
+                prompt_field=prompt_field,
+                private_rids=True,
+                max_items=self.limits.max_requests_per_call,
+            )
+        except InputError as exc:
+            raise APIError(str(exc), param=exc.field) from None
+        except (ValueError, TypeError) as exc:
+            err = APIError.from_value_error(ValueError(str(exc)), "sampling_params")
+            err.param = (param_names or {}).get(err.param, err.param)
+            raise err from None
+
+    def logprob_options(self, args: LogprobArgs) -> LogprobRequest:
+        """The engine's validated form of a request's logprob fields."""
+        try:
+            return self.engine.limits.logprob(**args.engine_kwargs())
+        except InputError as exc:
+            raise APIError(str(exc), param=exc.field) from None
+
+    def _logprob(self, item: GenerateItem, logprob: LogprobArgs) -> GenerateInput:
+        """The single-item engine input of `item`, with the call's logprob options unless the
+        item has its own."""
+        options = item.logprob or self.logprob_options(logprob)
+        one = dataclasses.replace(item, logprob=options)
+        return GenerateInput([one], batched=False)
 
     # -- running ----------------------------------------------------------------------------
-    async def generate(self, batch: Batch, logprob: LogprobArgs, request: Request) -> list[dict]:
+    async def generate(
+        self, batch: GenerateInput, logprob: LogprobArgs, request: Request
+    ) -> list[dict]:
         """Run a batch to completion; a client disconnect aborts it (returns no results)."""
         self._register(batch)
-        work = asyncio.gather(*(self._one(s, logprob) for s in batch.subs))
+        work = asyncio.gather(*(self._one(s, logprob) for s in batch.items))
         watcher = asyncio.ensure_future(_wait_disconnect(request))
         ok = False
         try:
@@ -273,24 +240,19 @@ class EngineClient:
             if not ok:  # gather leaves siblings of a failed request running: stop them all
                 work.cancel()
                 work.add_done_callback(_retrieve)  # its error (if any) is answered already
-                for s in batch.subs:
+                for s in batch.items:
                     self.engine.abort(s.rid)
             self._release(batch)
         for r in results:
             self.metrics.observe_finished(r, streamed=False)
         return results
 
-    async def _one(self, sub: SubRequest, logprob: LogprobArgs) -> dict:
-        result = await self.engine.async_generate(
-            input_ids=sub.input_ids,
-            sampling_params=sub.params,
-            rid=sub.rid,
-            **(sub.logprob or logprob).engine_kwargs(),
-        )
-        return _named(result, sub)
+    async def _one(self, item: GenerateItem, logprob: LogprobArgs) -> dict:
+        result = await self.engine.async_run(self._logprob(item, logprob))
+        return _named(result, item)
 
-    async def stream(self, batch: Batch, logprob: LogprobArgs) -> EngineStream:
-        """Start every sub-request now and return their merged stream.
+    async def stream(self, batch: GenerateInput, logprob: LogprobArgs) -> EngineStream:
+        """Start every item now and return their merged stream.
 
         The caller must end it with `EngineStream.close()` (SSEResponse does, even when the
         client is gone before the first byte): that aborts whatever has not finished.
@@ -298,18 +260,12 @@ class EngineClient:
         self._register(batch)
         iters = []
         try:
-            for s in batch.subs:
-                iters.append(
-                    await self.engine.async_generate(
-                        input_ids=s.input_ids,
-                        sampling_params=s.params,
-                        stream=True,
-                        rid=s.rid,
-                        **(s.logprob or logprob).engine_kwargs(),
-                    )
-                )
+            for item in batch.items:
+                one = self._logprob(item, logprob)
+                one.stream = True
+                iters.append(await self.engine.async_run(one))
         except BaseException:
-            for s in batch.subs[: len(iters)]:
+            for s in batch.items[: len(iters)]:
                 self.engine.abort(s.rid)
             self._release(batch)
             raise
@@ -323,26 +279,26 @@ class EngineClient:
             self.engine.abort(sub.rid)
         return len(subs)
 
-    def _register(self, batch: Batch) -> None:
+    def _register(self, batch: GenerateInput) -> None:
         """Claim the batch's client rids; a 400 if one names a request still running."""
         for key in batch.groups:
             if key in self.inflight:
                 raise APIError(f"rid {key!r} is already in use by a running request", param="rid")
-        by_name = {sub.name: sub for sub in batch.subs}
+        by_name = {item.name: item for item in batch.items}
         for key, names in batch.groups.items():
             self.inflight[key] = [by_name[n] for n in names]
 
-    def _release(self, batch: Batch) -> None:
+    def _release(self, batch: GenerateInput) -> None:
         for key in batch.groups:
             registered = self.inflight.get(key)
-            if registered and any(registered[0] is sub for sub in batch.subs):
+            if registered and any(registered[0] is item for item in batch.items):
                 del self.inflight[key]
 
 
 class EngineStream:
     """The engine streams of one HTTP request, merged: iterate for (sub index, output)."""
 
-    def __init__(self, client: EngineClient, batch: Batch, iters: list) -> None:
+    def __init__(self, client: EngineClient, batch: GenerateInput, iters: list) -> None:
         self.client = client
         self.batch = batch
         self.iters = iters
@@ -366,7 +322,7 @@ class EngineStream:
                 if meta["finish_reason"] is not None:
                     self.finished.add(i)
                     self.client.metrics.observe_finished(item, streamed=True)
-                yield i, _named(item, self.batch.subs[i])
+                yield i, _named(item, self.batch.items[i])
         finally:
             for t in tasks:
                 t.cancel()
@@ -377,7 +333,7 @@ class EngineStream:
         if self.closed:
             return
         self.closed = True
-        for i, s in enumerate(self.batch.subs):
+        for i, s in enumerate(self.batch.items):
             if i not in self.finished:
                 self.client.engine.abort(s.rid)
         self.client._release(self.batch)
@@ -401,7 +357,7 @@ class SSEResponse(StreamingResponse):
 class ServerContext:
     """What the routes share: the engine, its client, metrics and the server's identity."""
 
-    engine: Any
+    engine: Engine
     client: EngineClient
     metrics: ServerMetrics
     served_model_name: str
@@ -417,17 +373,6 @@ class ServerContext:
         return (self.served_model_name, *self.model_aliases)
 
 
-def _one_sample(raw: dict[str, Any], sp: SamplingParams, i: int) -> dict[str, Any]:
-    """The raw params of sample i of n: n=1 and seed+i, as `SamplingParams.expand` does."""
-    if sp.n == 1:
-        return raw
-    out = {**raw, "n": 1}
-    if sp.seed is not None:
-        out.pop("sampling_seed", None)  # SGLang's name for the seed
-        out["seed"] = (sp.seed + i) % 2**64
-    return out
-
-
 def _retrieve(future: asyncio.Future) -> None:
     if not future.cancelled():
         future.exception()
@@ -440,9 +385,9 @@ def _check_encodable(text: str, field_name: str) -> None:
         raise APIError(str(exc), param=field_name) from None
 
 
-def _named(result: dict[str, Any], sub: SubRequest) -> dict[str, Any]:
+def _named(result: dict[str, Any], item: GenerateItem) -> dict[str, Any]:
     """The engine's result under the name the client knows (never the engine rid)."""
-    result["meta_info"]["id"] = sub.name
+    result["meta_info"]["id"] = item.name
     return result
 
 

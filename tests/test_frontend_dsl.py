@@ -675,3 +675,82 @@ def test_api_speculative_execution_uses_one_request(backend):
     # no stop string in what was speculated: each gen uses it all up, the next asks again
     assert len(backend.calls) == 3
     assert state["name"] == " Bob, unrelated text"
+
+
+class ChatOnlyBackend(ScriptedBackend):
+    """A chat model's backend (as OpenAI(is_chat_model=True)): gen answers whole messages."""
+
+    is_chat_model = True
+
+    def __init__(self, answers: list[str]) -> None:
+        super().__init__(reply=self._answer)
+        self.answers = answers
+        self.prompts: list[Prompt] = []
+
+    def _answer(self, prompt: Prompt, args: GenArgs) -> str:
+        self.prompts.append(prompt)
+        return self.answers[min(len(self.prompts), len(self.answers)) - 1]
+
+
+@rf.function(num_api_spec_tokens=64)
+def chat_character(s):
+    s += rf.system("You are a helpful assistant.")
+    s += rf.user("Please generate new Name, Birthday and Job.\n")
+    s += rf.assistant(
+        "Name:" + rf.gen("name", stop="\n") + "\nBirthday:" + rf.gen("birthday", stop="\n")
+    )
+    s += rf.user("And a job?")
+    s += rf.assistant("Job:" + rf.gen("job", max_tokens=5))
+
+
+def test_chat_model_speculation_writes_each_assistant_message_in_one_request():
+    backend = ChatOnlyBackend(["Name: Ada\nBirthday: 1815\nand more", "Job: mathematician"])
+    state = chat_character.run(backend=backend)
+    assert state.error() is None
+    assert len(backend.calls) == 2  # one per assistant message, not one per gen
+    assert all(args.max_new_tokens == 64 and args.stop is None for _, args in backend.calls)
+    first, second = backend.prompts
+    assert (first.role, first.role_text) == ("assistant", "")
+    assert [m["role"] for m in first.messages] == ["system", "user"]
+    assert (state["name"], state["birthday"], state["job"]) == (" Ada", " 1815", " mathematician")
+    assert second.messages[-2]["content"] == "Name: Ada\nBirthday: 1815"  # text after: dropped
+    assert [m["content"] for m in state.messages()[2::2]] == [
+        "Name: Ada\nBirthday: 1815",
+        "Job: mathematician",
+    ]
+    # the same text as running the gens one by one on a completion backend would give
+    assert state.text().endswith("Assistant: Job: mathematician\n\n")
+
+
+def test_chat_model_speculation_retries_then_fails_clearly():
+    backend = ChatOnlyBackend(["Nom: Ada", "Name: Ada\nBirthday: 1815", "Job: j"])
+    state = chat_character.run(backend=backend)
+    assert len(backend.prompts) == 3  # one retry for the first message, one request for the job
+    assert (state["name"], state["birthday"], state["job"]) == (" Ada", " 1815", " j")
+
+    backend = ChatOnlyBackend(["I cannot help with that."])
+    with pytest.raises(rf.ProgramError, match="never wrote the assistant message") as info:
+        chat_character.run(backend=backend)
+    assert len(backend.prompts) == 3
+    assert "'Name:{name}\\nBirthday:{birthday}'" in str(info.value)
+
+
+def test_chat_model_speculation_refuses_what_one_request_cannot_do():
+    @rf.function(num_api_spec_tokens=32)
+    def mixed(s):
+        s += rf.user("hi")
+        s += rf.assistant(rf.gen("a", stop=".", temperature=0) + rf.gen("b", temperature=1))
+
+    @rf.function(num_api_spec_tokens=32)
+    def glued(s):
+        s += rf.user("hi")
+        s += rf.assistant(rf.gen("a") + rf.gen("b"))
+
+    backend = ChatOnlyBackend(["x"])
+    with pytest.raises(rf.ProgramError, match="must be the same"):
+        mixed.run(backend=backend)
+    with pytest.raises(rf.ProgramError, match="has no stop string"):
+        glued.run(backend=backend)
+    assert backend.prompts == []
+    with pytest.raises(ValueError, match="num_api_spec_tokens must be a positive int"):
+        rf.function(num_api_spec_tokens=0)(lambda s: None)

@@ -247,6 +247,26 @@ def test_logprob_bytes_are_the_tokens_own(http, tiny_engine):
             )
 
 
+def test_completion_text_offsets_continue_across_stream_chunks(http):
+    body = {"model": TINY_NAME, "prompt": "Hello", "max_tokens": 12, "temperature": 0}
+    body |= {"logprobs": 1, "ignore_eos": True}
+    whole = http.post("/v1/completions", json=body).json()["choices"][0]
+    text, lp = whole["text"], whole["logprobs"]
+    assert lp["text_offset"][0] == 0
+    assert lp["text_offset"] == sorted(lp["text_offset"])
+    for token, offset in zip(lp["tokens"], lp["text_offset"], strict=True):
+        if not token.startswith("bytes:"):  # a whole-character token stands where it starts
+            assert text[offset:].startswith(token)
+    streamed = []
+    with http.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
+        for data in sse_events(r.iter_lines()):
+            if data == "[DONE]":
+                break
+            for choice in json.loads(data)["choices"]:
+                streamed += (choice.get("logprobs") or {}).get("text_offset", [])
+    assert streamed == lp["text_offset"]
+
+
 def test_tool_call_cut_by_max_tokens_is_length_without_json(http):
     body = {
         "messages": [USER],

@@ -107,7 +107,14 @@ def test_startup_summary_and_request_log(model_dir, caplog):
         e.generate("Hello", {"max_new_tokens": 2, "temperature": 0}, rid="logged-1")
     lines = [r.getMessage() for r in caplog.records]
     summary = next(line for line in lines if line.startswith("model "))
-    for part in ("dtype float32", "KV pool 256 tokens", "GiB", "attention torch", "grammar"):
+    for part in (
+        "dtype float32",
+        "kernels ",
+        "KV pool 256 tokens",
+        "GiB",
+        "attention torch",
+        "grammar",
+    ):
         assert part in summary
     request = next(line for line in lines if line.startswith("request "))
     assert "prompt_tokens=" in request and "'max_new_tokens': 2" in request

@@ -35,7 +35,8 @@ path off (`support_concate_and_append = False`) so the join appends text, as SGL
 backends without it. test_stream_logprobs asserts that each chunk's meta info holds only that
 chunk's output_token_logprobs: SGLang's server (and ours) sends that with
 --incremental-streaming-output, and cumulative lists without it, so over HTTP that program runs
-against a server started with the flag (in process, chunks always carry their own).
+against a server started with the flag (in process, chunks always carry their own); our
+RuntimeEndpoint runs the streaming programs against that server too.
 test_chat_completion_speculative only calls `.sync()`: SGLang's own
 interpreter fails inside it over RuntimeEndpoint (which has no `is_chat_model`) and the test
 still passes, in SGLang too; in process it runs to the end here (checked below).
@@ -160,6 +161,18 @@ def test_program_through_sglang_runtime_endpoint(sglang_programs, name):
 def test_stream_logprobs_through_sglang_runtime_endpoint(incremental_server):
     with _on_sglang(incremental_server.url) as programs:
         programs.test_stream_logprobs()
+
+
+@pytest.mark.parametrize("name", ["test_stream", "test_stream_logprobs"])
+def test_stream_programs_through_our_endpoint_on_an_incremental_server(incremental_server, name):
+    """Our RuntimeEndpoint reads the server's streaming mode: every chunk's text is its own."""
+    saved = rf.get_default_backend()
+    with programs_on_radixflow() as programs:
+        rf.set_default_backend(rf.RuntimeEndpoint(incremental_server.url))
+        try:
+            _run(programs, name)
+        finally:
+            rf.global_config.default_backend = saved
 
 
 def test_chat_speculative_program_runs_to_the_end_in_process(radixflow_programs):
