@@ -2,8 +2,8 @@
 exactly `tokenizer.apply_chat_template(messages, add_generation_prompt=True)`, and for
 templates that only append, the whole conversation is exactly `apply_chat_template(messages)`.
 
-Real tokenizers: ../shared/tokenizers/llama3 (Llama-3's template) and qwen3 (Qwen3's, with
-`enable_thinking`). The other families are templates with each family's behaviour, set on a
+Real tokenizers: ../shared/tokenizers/llama3 (Llama-3's template), qwen3 (Qwen3's, with
+`enable_thinking`) and the default model's (SmolLM2's, from its GGUF). The other families are templates with each family's behaviour, set on a
 small tokenizer: Llama-3.1's dated system header, Qwen2.5's and SmolLM's default system
 prompt, Llama-2's system inside the first [INST], and Mistral's and Gemma's refusal of a
 system role (merged into the first user turn, as their model cards say).
@@ -22,6 +22,8 @@ from tiny_models import tiny_config, tiny_tokenizer
 import radixflow as rf
 from radixflow.frontend.chat_template import JinjaChatTemplate, chat_template_from_tokenizer
 from radixflow.runtime.chat_templates import BUILTIN_TEMPLATES, merge_system
+from radixflow.runtime.gguf_convert import convert_gguf
+from radixflow.runtime.model_loader import default_model_path
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared/tokenizers"
 
@@ -55,7 +57,10 @@ def shared_tokenizer(name: str):
 
 
 def _tokenizer(name: str, template: str | None = None):
-    tok = shared_tokenizer(name) if name in ("llama3", "qwen3") else tiny_tokenizer()
+    if name == "smollm2":  # the default model's own tokenizer and template (from its GGUF)
+        tok = transformers.AutoTokenizer.from_pretrained(convert_gguf(default_model_path()))
+    else:
+        tok = shared_tokenizer(name) if name in ("llama3", "qwen3") else tiny_tokenizer()
     if template is not None:
         tok.chat_template = BUILTIN_TEMPLATES.get(template, template)
     return tok
@@ -71,6 +76,7 @@ FAMILIES = {
     "chatml": ("tiny", "chatml", {}, True),
     "qwen2.5": ("qwen3", DEFAULT_SYSTEM, {}, True),
     "smollm": ("tiny", DEFAULT_SYSTEM, {}, True),
+    "smollm2": ("smollm2", None, {}, True),  # the real template
     "qwen3": ("qwen3", None, {}, False),  # drops earlier think blocks
     "qwen3-no-thinking": ("qwen3", None, {"enable_thinking": False}, False),
 }

@@ -35,8 +35,11 @@ path off (`support_concate_and_append = False`) so the join appends text, as SGL
 backends without it. test_stream_logprobs asserts that each chunk's meta info holds only that
 chunk's output_token_logprobs: SGLang's server (and ours) sends that with
 --incremental-streaming-output, and cumulative lists without it, so over HTTP that program runs
-against a server started with the flag (in process, chunks always carry their own); our
-RuntimeEndpoint runs the streaming programs against that server too.
+against a server started with the flag (in process, chunks always carry their own) through our
+RuntimeEndpoint. Through SGLang's own interpreter it is timing-dependent, whatever the server:
+SGLang's StreamExecutor keeps only the latest chunk's meta info per variable, so when two
+chunks arrive before `text_async_iter` wakes (a loaded machine), the first chunk's logprobs
+are lost and the program's assertion fails; it is not run that way here.
 test_chat_completion_speculative only calls `.sync()`: SGLang's own
 interpreter fails inside it over RuntimeEndpoint (which has no `is_chat_model`) and the test
 still passes, in SGLang too; in process it runs to the end here (checked below).
@@ -156,11 +159,6 @@ def test_program_in_process(radixflow_programs, name):
 @pytest.mark.parametrize("name", [p for p in PROGRAMS if p != "test_stream_logprobs"])
 def test_program_through_sglang_runtime_endpoint(sglang_programs, name):
     _run(sglang_programs, name)
-
-
-def test_stream_logprobs_through_sglang_runtime_endpoint(incremental_server):
-    with _on_sglang(incremental_server.url) as programs:
-        programs.test_stream_logprobs()
 
 
 @pytest.mark.parametrize("name", ["test_stream", "test_stream_logprobs"])
