@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 from tiny_models import make_tiny_model_dir
@@ -72,7 +73,9 @@ def test_private_rids_name_items_after_the_client_rid():
     assert [i.name for i in inp.items] == ["c-0", "c-1", "c-2", "c-3"]
     assert inp.groups == {"c": ["c-0", "c-1", "c-2", "c-3"]}
     rids = [i.rid for i in inp.items]
-    assert len(set(rids)) == 4 and not any(r.startswith("c") for r in rids)
+    assert len(set(rids)) == 4 and all(re.fullmatch(r"[0-9a-f]{32}", r) for r in rids)
+    again = _build([[1], [2]], {"n": 2}, rid="c", private_rids=True)
+    assert set(rids).isdisjoint(i.rid for i in again.items)  # random, never from the name
     assert all(len(r) == 32 for r in rids)  # 128 random bits, hex
 
     per_prompt = _build([[1], [2]], [{"n": 2}, {}], rid=["x", "y"], private_rids=True)
