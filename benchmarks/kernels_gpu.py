@@ -23,17 +23,21 @@ import triton
 from torch.nn.attention.bias import causal_lower_right
 from triton.testing import do_bench
 
-from radixflow.kernels.bitmask import apply_token_bitmask, apply_token_bitmask_ref
-from radixflow.kernels.decode_attention import decode_attention, decode_attention_ref
-from radixflow.kernels.extend_attention import extend_attention, extend_attention_ref
-from radixflow.kernels.norm import (
-    fused_add_rms_norm,
+from radixflow.kernels.bitmask import apply_token_bitmask
+from radixflow.kernels.decode_attention import decode_attention
+from radixflow.kernels.extend_attention import extend_attention
+from radixflow.kernels.norm import fused_add_rms_norm, rms_norm
+from radixflow.kernels.reference import (
+    apply_token_bitmask_ref,
+    decode_attention_ref,
+    extend_attention_ref,
     fused_add_rms_norm_ref,
-    rms_norm,
     rms_norm_ref,
+    rotary_embedding_ref,
+    store_kv_ref,
 )
-from radixflow.kernels.rotary import rotary_embedding, rotary_embedding_ref
-from radixflow.kernels.store_kv import store_kv, store_kv_ref
+from radixflow.kernels.rotary import rotary_embedding
+from radixflow.kernels.store_kv import store_kv
 from radixflow.kernels.testing import random_paged_table
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE_SIZE = 32, 8, 128, 16

@@ -40,7 +40,6 @@ from radixflow.frontend.choices import (
 )
 from radixflow.frontend.endpoint import RuntimeEndpoint
 from radixflow.frontend.global_config import GlobalConfig, global_config
-from radixflow.frontend.interpreter import ProgramError, ProgramState, ProgramStateGroup
 from radixflow.frontend.openai_backend import OpenAI, TokenUsage
 from radixflow.frontend.program import (
     SglFunction,
@@ -48,7 +47,9 @@ from radixflow.frontend.program import (
     get_default_backend,
     set_default_backend,
 )
+from radixflow.frontend.program_error import ProgramError
 from radixflow.frontend.runtime_backend import Runtime
+from radixflow.frontend.state import ProgramState, ProgramStateGroup
 from radixflow.frontend.tracer import ProgramTrace
 
 __all__ = [

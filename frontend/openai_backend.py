@@ -13,6 +13,7 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from radixflow.frontend.backend import Backend, Prompt, RequestError
@@ -54,6 +55,17 @@ class TokenUsage:
         self.prompt_tokens = self.completion_tokens = 0
 
 
+def _import_openai() -> ModuleType:
+    """The `openai` package (an optional extra); without it, an ImportError saying how to add it."""
+    try:
+        import openai
+    except ImportError as exc:
+        raise ImportError(
+            'the OpenAI backend needs the openai package: pip install "radixflow[openai]"'
+        ) from exc
+    return openai
+
+
 class OpenAI(Backend):
     """`OpenAI("gpt-4o-mini")`, or `OpenAI(model, base_url="http://host/v1", api_key=...)`.
 
@@ -73,8 +85,7 @@ class OpenAI(Backend):
         api_key: str | None = None,
         **client_kwargs: Any,
     ) -> None:
-        import openai
-
+        openai = _import_openai()
         self.client = openai.OpenAI(
             base_url=base_url,
             api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",

@@ -15,8 +15,10 @@ from tqdm.auto import tqdm
 
 from radixflow.frontend.backend import Backend
 from radixflow.frontend.global_config import global_config
-from radixflow.frontend.interpreter import ProgramError, ProgramState, StreamExecutor, body_site
+from radixflow.frontend.interpreter import StreamExecutor
 from radixflow.frontend.ir import GenArgs
+from radixflow.frontend.program_error import ProgramError, body_site
+from radixflow.frontend.state import ProgramState
 
 logger = logging.getLogger(__name__)
 

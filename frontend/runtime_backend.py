@@ -6,7 +6,7 @@ import atexit
 import json
 import logging
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixflow.frontend.backend import (
     Backend,
@@ -29,7 +29,9 @@ from radixflow.frontend.choices import (
 )
 from radixflow.frontend.ir import GenArgs
 from radixflow.runtime.chat_templates import check_template_kwargs
-from radixflow.runtime.engine import Engine, PinnedPrefix
+
+if TYPE_CHECKING:  # the engine (torch, transformers) loads when a Runtime is built
+    from radixflow.runtime.engine import Engine, PinnedPrefix
 
 _PREFILL_ONLY = {"max_new_tokens": 0}
 
@@ -78,7 +80,11 @@ class Runtime(Backend):
                 "chat_template_kwargs apply to a template by name or file, not to a ChatTemplate"
             )
         self._owns_engine = engine is None
-        self.engine = engine if engine is not None else Engine(model_path, **engine_config)
+        if engine is None:
+            from radixflow.runtime.engine import Engine
+
+            engine = Engine(model_path, **engine_config)
+        self.engine = engine
         if self._owns_engine:  # stop the engine thread before the interpreter tears down
             atexit.register(self.shutdown)
         self.tokenizer = self.engine.tokenizer

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import itertools
 
-from .regex_algebra import ANY_CHAR, NEVER, combine, exclude_words, search
+from .json_schema_strings import json_chars, json_string_literal
+from .regex_algebra import ANY_CHAR, combine, exclude_words, search
 from .regex_ir import EMPTY, Alt, Chars, Repeat, literal, map_chars, parse_search_regex, seq, star
+from .regex_terms import NEVER
 
 MAX_DEPENDENCY_CASES = 64
 ANY_NAME = star(Chars(ANY_CHAR))
@@ -52,21 +54,17 @@ class ObjectConverter:
                     subs += schemas
                 else:
                     case["properties"][name] = False
-            merged = self._merge(base, case, where)
+            merged = self.schemas.merge(base, case, where)
             for sub in subs:
-                merged = self._merge(merged, self._inline(sub, where), where)
+                merged = self.schemas.merge(merged, self.schemas.inline(sub, where), where)
             options.append(self.convert(merged, where))
         return Alt(tuple(options))
 
     def _name_ir(self, node):
         """A JSON string (with quotes) whose content, as code points, is in `node`."""
-        from .json_schema import _json_chars
-
-        return seq(literal('"'), map_chars(node, _json_chars), literal('"'))
+        return seq(literal('"'), map_chars(node, json_chars), literal('"'))
 
     def _object(self, schema, where):
-        from .json_schema import json_string_literal
-
         props = schema.get("properties", {})
         required = list(schema.get("required", []))
         extra_schema = schema.get("additionalProperties", True)

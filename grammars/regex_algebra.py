@@ -4,7 +4,7 @@ The regex IR has no intersection or complement, yet JSON Schema needs them: `pat
 with `minLength`/`maxLength`, property names that match a `patternProperties` pattern but are
 not declared, names that match no pattern. Here an IR becomes an interned term, terms are
 derived by one code point at a time (over a partition of the code points into classes that
-derive alike), and the explored automaton is written back as IR.
+derive alike; `regex_terms`), and the explored automaton is written back as IR.
 
 `restrict_length` unrolls lengths into layers (acyclic, so no regex is rebuilt from cycles);
 `combine` builds the product automaton of several terms and, where a state is just one of the
@@ -17,8 +17,6 @@ in the text, where Python's backtracking `re` can take exponential time on a req
 
 from __future__ import annotations
 
-import bisect
-import math
 from collections.abc import Callable, Sequence
 
 from .nfa import Deadline
@@ -28,251 +26,15 @@ from .regex_ir import (
     Alt,
     Chars,
     Ranges,
-    Ref,
     Repeat,
     Seq,
-    complement,
-    intersect,
     normalize,
     parse_search_regex,
-    subtract,
 )
+from .regex_terms import NEVER, NEVER_TERM, Terms
 
-NEVER = Alt(())
 MAX_STATES = 64
 ANY_CHAR = ((0, MAX_CODEPOINT),)
-
-_E, _N = 0, 1  # term ids of the empty string and the empty language
-
-
-class Terms:
-    """Interned regex terms (hashable tuples named by int ids) and their derivatives."""
-
-    def __init__(self, deadline: Deadline | None = None):
-        self.deadline = deadline or Deadline(None)
-        self._nodes: list[tuple] = []
-        self._ids: dict[tuple, int] = {}
-        self._from_ir: dict[int, tuple[object, int]] = {}
-        self._to_ir: dict[int, object] = {}
-        self._nullable: dict[int, bool] = {}
-        self._lengths: dict[int, tuple[float, float]] = {}
-        self._firsts: dict[int, frozenset] = {}
-        self._derivs: dict[tuple[int, int], int] = {}
-        self._intern(("e",))
-        self._intern(("n",))
-
-    def _intern(self, node: tuple) -> int:
-        got = self._ids.get(node)
-        if got is None:
-            got = self._ids[node] = len(self._nodes)
-            self._nodes.append(node)
-        return got
-
-    # ---- smart constructors --------------------------------------------------------------
-    def chars(self, ranges: Ranges) -> int:
-        return self._intern(("c", ranges)) if ranges else _N
-
-    def seq(self, a: int, b: int) -> int:
-        if a == _N or b == _N:
-            return _N
-        if a == _E:
-            return b
-        if b == _E:
-            return a
-        node = self._nodes[a]
-        if node[0] == "s":
-            return self.seq(node[1], self.seq(node[2], b))
-        return self._intern(("s", a, b))
-
-    def alt(self, items) -> int:
-        flat: set[int] = set()
-        for t in items:
-            node = self._nodes[t]
-            if node[0] == "a":
-                flat |= node[1]
-            elif t != _N:
-                flat.add(t)
-        if not flat:
-            return _N
-        if len(flat) == 1:
-            return next(iter(flat))
-        return self._intern(("a", frozenset(flat)))
-
-    def rep(self, x: int, lo: int, hi: int | None) -> int:
-        if hi == 0 or x == _E:
-            return _E
-        if x == _N:
-            return _E if lo == 0 else _N
-        if lo == 1 and hi == 1:
-            return x
-        return self._intern(("r", x, lo, hi))
-
-    # ---- IR conversion -------------------------------------------------------------------
-    def term(self, ir) -> int:
-        """The term of an IR node (no `Ref`s)."""
-        hit = self._from_ir.get(id(ir))
-        if hit is not None:
-            return hit[1]
-        if isinstance(ir, Chars):
-            out = self.chars(normalize(ir.ranges))
-        elif isinstance(ir, Seq):
-            out = _E
-            for item in reversed(ir.items):
-                out = self.seq(self.term(item), out)
-        elif isinstance(ir, Alt):
-            out = self.alt([self.term(i) for i in ir.items])
-        elif isinstance(ir, Repeat):
-            out = self.rep(self.term(ir.item), ir.lo, ir.hi)
-        elif isinstance(ir, Ref):
-            raise ValueError(f"rule reference {ir.name!r} inside a regular expression")
-        else:
-            raise TypeError(f"not a regex IR node: {ir!r}")
-        self._from_ir[id(ir)] = (ir, out)
-        return out
-
-    def ir(self, t: int):
-        """IR for term `t` (shared subterms give shared IR nodes)."""
-        got = self._to_ir.get(t)
-        if got is not None:
-            return got
-        node = self._nodes[t]
-        kind = node[0]
-        if kind == "e":
-            out = EMPTY
-        elif kind == "n":
-            out = NEVER
-        elif kind == "c":
-            out = Chars(node[1])
-        elif kind == "s":
-            parts, rest = [], t
-            while self._nodes[rest][0] == "s":
-                parts.append(self.ir(self._nodes[rest][1]))
-                rest = self._nodes[rest][2]
-            out = Seq((*parts, self.ir(rest)))
-        elif kind == "a":
-            out = Alt(tuple(self.ir(i) for i in sorted(node[1])))
-        else:
-            out = Repeat(self.ir(node[1]), node[2], node[3])
-        self._to_ir[t] = out
-        return out
-
-    # ---- properties ----------------------------------------------------------------------
-    def nullable(self, t: int) -> bool:
-        got = self._nullable.get(t)
-        if got is None:
-            node = self._nodes[t]
-            kind = node[0]
-            if kind in ("e", "n", "c"):
-                got = kind == "e"
-            elif kind == "s":
-                got = self.nullable(node[1]) and self.nullable(node[2])
-            elif kind == "a":
-                got = any(self.nullable(i) for i in node[1])
-            else:
-                got = node[2] == 0 or self.nullable(node[1])
-            self._nullable[t] = got
-        return got
-
-    def lengths(self, t: int) -> tuple[float, float]:
-        """(shortest, longest) word length; (inf, -1) for the empty language."""
-        got = self._lengths.get(t)
-        if got is None:
-            node = self._nodes[t]
-            kind = node[0]
-            if kind == "e":
-                got = (0, 0)
-            elif kind == "n":
-                got = (math.inf, -1)
-            elif kind == "c":
-                got = (1, 1)
-            elif kind == "s":
-                (a0, a1), (b0, b1) = self.lengths(node[1]), self.lengths(node[2])
-                got = (a0 + b0, a1 + b1) if a1 >= 0 and b1 >= 0 else (math.inf, -1)
-            elif kind == "a":
-                spans = [self.lengths(i) for i in node[1]]
-                got = (min(s[0] for s in spans), max(s[1] for s in spans))
-            else:
-                x0, x1 = self.lengths(node[1])
-                hi = node[3]
-                if x1 < 0:
-                    got = (0, 0)
-                else:
-                    top = (math.inf if x1 > 0 else 0) if hi is None else hi * x1
-                    got = (node[2] * x0, top)
-            self._lengths[t] = got
-        return got
-
-    def firsts(self, t: int) -> frozenset:
-        """Code point sets (Ranges) that a word of `t` may start with."""
-        got = self._firsts.get(t)
-        if got is None:
-            node = self._nodes[t]
-            kind = node[0]
-            if kind in ("e", "n"):
-                got = frozenset()
-            elif kind == "c":
-                got = frozenset((node[1],))
-            elif kind == "s":
-                got = self.firsts(node[1])
-                if self.nullable(node[1]):
-                    got = got | self.firsts(node[2])
-            elif kind == "a":
-                got = frozenset().union(*(self.firsts(i) for i in node[1]))
-            else:
-                got = self.firsts(node[1])
-            self._firsts[t] = got
-        return got
-
-    def deriv(self, t: int, cp: int) -> int:
-        """The words w such that chr(cp) + w is a word of `t`."""
-        key = (t, cp)
-        got = self._derivs.get(key)
-        if got is not None:
-            return got
-        node = self._nodes[t]
-        kind = node[0]
-        if kind in ("e", "n"):
-            got = _N
-        elif kind == "c":
-            ranges = node[1]
-            i = bisect.bisect_right(ranges, (cp, MAX_CODEPOINT + 1)) - 1
-            got = _E if i >= 0 and ranges[i][0] <= cp <= ranges[i][1] else _N
-        elif kind == "s":
-            got = self.seq(self.deriv(node[1], cp), node[2])
-            if self.nullable(node[1]):
-                got = self.alt((got, self.deriv(node[2], cp)))
-        elif kind == "a":
-            got = self.alt([self.deriv(i, cp) for i in node[1]])
-        else:
-            x, lo, hi = node[1], node[2], node[3]
-            rest = self.rep(x, max(lo - 1, 0), None if hi is None else hi - 1)
-            got = self.seq(self.deriv(x, cp), rest)
-        self._derivs[key] = got
-        return got
-
-    def classes(self, terms: Sequence[int], with_rest: bool, extra: Sequence = ()) -> list[Ranges]:
-        """Code point classes on which every term in `terms` derives alike.
-
-        Each set in `extra` is a union of classes too. With `with_rest`, the class of code
-        points no term can start with is included.
-        """
-        blocks: list[Ranges] = []
-        covered: Ranges = ()
-        sets = [r for t in terms for r in self.firsts(t)] + list(extra)
-        for ranges in sets:
-            if ranges:
-                fresh = subtract(ranges, covered)
-                out = []
-                for b in blocks:
-                    inside, outside = intersect(b, ranges), subtract(b, ranges)
-                    out += [r for r in (inside, outside) if r]
-                blocks = out + ([fresh] if fresh else [])
-                covered = normalize(covered + ranges)
-        if with_rest:
-            rest = complement(covered)
-            if rest:
-                blocks.append(rest)
-        return blocks
 
 
 def search(pattern: str, text: str, deadline: Deadline | None = None) -> bool:
@@ -282,7 +44,7 @@ def search(pattern: str, text: str, deadline: Deadline | None = None) -> bool:
     for ch in text:
         terms.deadline.check()
         t = terms.deriv(t, ord(ch))
-        if t == _N:
+        if t == NEVER_TERM:
             return False
     return terms.nullable(t)
 
@@ -304,12 +66,12 @@ def restrict_length(ir, lo: int, hi: int | None, deadline: Deadline | None = Non
         terms.deadline.check()
         low, high = max(lo - n, 0), None if hi is None else hi - n
         short, long_ = terms.lengths(t)
-        node = terms._nodes[t]
+        node = terms.node(t)
         if long_ < low or (high is not None and short > high):
             got = NEVER
         elif short >= low and (high is None or long_ <= high):
             got = terms.ir(t)
-        elif node[0] == "r" and terms._nodes[node[1]][0] == "c":
+        elif node[0] == "r" and terms.node(node[1])[0] == "c":
             caps = [v for v in (node[3], high) if v is not None]
             top, bottom = (min(caps) if caps else None), max(node[2], low)
             bad = top is not None and top < bottom
@@ -318,7 +80,7 @@ def restrict_length(ir, lo: int, hi: int | None, deadline: Deadline | None = Non
             by_target: dict[int, Ranges] = {}
             for block in terms.classes([t], with_rest=False):
                 d = terms.deriv(t, block[0][0])
-                if d != _N:
+                if d != NEVER_TERM:
                     by_target[d] = normalize(by_target.get(d, ()) + block)
             options = [EMPTY] if terms.nullable(t) and low == 0 else []
             for d, ranges in by_target.items():
@@ -362,7 +124,7 @@ def exclude_words(ir, words: Sequence[str], deadline: Deadline | None = None):
         for block in terms.classes([t], with_rest=False, extra=singles):
             cp = block[0][0]
             d = terms.deriv(t, cp)
-            if d == _N:
+            if d == NEVER_TERM:
                 continue
             target = (d, children[cp] if block == ((cp, cp),) and cp in children else -1)
             by_target[target] = normalize(by_target.get(target, ()) + block)
@@ -375,7 +137,7 @@ def exclude_words(ir, words: Sequence[str], deadline: Deadline | None = None):
         return got
 
     out = walk(terms.term(ir), 0)
-    return NEVER if terms.term(out) == _N else out
+    return NEVER if terms.term(out) == NEVER_TERM else out
 
 
 def combine(
@@ -396,7 +158,7 @@ def combine(
 
     def leaf(state: tuple[int, ...]):
         """IR for `state` when it needs no automaton of its own, else None."""
-        live = [i for i, t in enumerate(state) if t != _N]
+        live = [i for i, t in enumerate(state) if t != NEVER_TERM]
         if not live:
             return anything if dead_accepts else NEVER
         if len(live) == 1:
@@ -431,7 +193,7 @@ def combine(
         if accept(tuple(terms.nullable(t) for t in state)):
             consts.append(EMPTY)
         by_target: dict[object, Ranges] = {}
-        for block in terms.classes([t for t in state if t != _N], with_rest=dead_accepts):
+        for block in terms.classes([t for t in state if t != NEVER_TERM], with_rest=dead_accepts):
             nxt = tuple(terms.deriv(t, block[0][0]) for t in state)
             target = visit(nxt)
             if target is NEVER:
@@ -446,7 +208,7 @@ def combine(
                 consts.append(Seq((Chars(ranges), target)))
         i += 1
     out = _eliminate(eqs)
-    return NEVER if terms.term(out) == _N else out
+    return NEVER if terms.term(out) == NEVER_TERM else out
 
 
 def _eliminate(eqs: list[tuple[dict, list]]):

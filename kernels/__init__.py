@@ -1,1 +1,2 @@
-"""Triton kernels, each beside a torch reference of the same signature (`*_ref`)."""
+"""Kernels: Triton (imported only when chosen) and C++ for the CPU, each op with one torch
+reference of the same signature in `reference.py` (`*_ref`)."""

@@ -4,7 +4,7 @@ The source is built with the other CPU kernels into one library by `radixflow.ke
 (cached on disk, keyed by the sources, flags, torch version and CPU). When the CPU lacks
 AVX-512 or the build fails, `cpu_decode_attention_available()` is False, one warning says why,
 and callers keep their torch path. The torch twin is
-`radixflow.kernels.decode_attention.decode_attention_ref`.
+`radixflow.kernels.reference.decode_attention_ref`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from radixflow.kernels import cpu_build
 from radixflow.kernels.cpu_build import build_root, cpu_supported
-from radixflow.kernels.decode_attention import check_decode_args
+from radixflow.kernels.reference import check_decode_args
 
 __all__ = [
     "build",

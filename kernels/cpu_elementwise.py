@@ -1,10 +1,11 @@
 """The decoder layer's row-wise ops compiled for the CPU (kernels/cpu/elementwise.cpp).
 
 RMSNorm (optionally fused with the residual add before it), SiLU-and-mul and NeoX rotary run as
-one pass over memory each, with fp32 arithmetic and the rounding order of the torch reference
-(`F.rms_norm`, `F.silu(g) * u`, `apply_rotary_neox`), so float32 results agree to rounding and
-bfloat16 ones almost always bit for bit. Built with the other CPU kernels by
-`radixflow.kernels.cpu_build`; `applies` says when a caller may use them.
+one pass over memory each, with fp32 arithmetic and the rounding order of the model's torch
+paths (`F.rms_norm`, `F.silu(g) * u`, runtime/layers/rotary.py `torch_rotary_neox`), so float32
+results agree to rounding and bfloat16 ones almost always bit for bit; the references are
+kernels/reference.py `rms_norm_ref`, `silu_and_mul_ref`, `rotary_embedding_ref`. Built with the
+other CPU kernels by `radixflow.kernels.cpu_build`; `applies` says when a caller may use them.
 """
 
 from __future__ import annotations

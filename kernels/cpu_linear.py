@@ -5,7 +5,7 @@ activation rows by every weight matrix; that is bound by reading the weights, an
 `F.linear` streams them at a fraction of the memory bandwidth for such shapes. The kernel reads
 each weight row once for all (at most `MAX_ROWS`) rows of x, with fp32 accumulation. It is
 built with the other CPU kernels by `radixflow.kernels.cpu_build`; the torch twin is
-`torch.nn.functional.linear`.
+`radixflow.kernels.reference.linear_ref`.
 """
 
 from __future__ import annotations

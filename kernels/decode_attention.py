@@ -10,7 +10,8 @@ A request's visible keys are [kv_start, seq_len) with kv_start = max(0, seq_len 
 when a window is set (the query, at position seq_len - 1, sees the last `sliding_window` tokens,
 itself included: HF's convention) and 0 otherwise. That range is cut into `num_kv_splits` slices
 of equal length rounded up to the key block; trailing slices of short requests stay empty.
-A request with seq_len 0 (batch padding) gets a zero output.
+A request with seq_len 0 (batch padding) gets a zero output. Reference: kernels/reference.py
+`decode_attention_ref`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import triton
 import triton.language as tl
 
 from radixflow.kernels.attention_block import attend_block, load_paged_kv
+from radixflow.kernels.reference import check_decode_args
 
 BLOCK_N = 64
 MAX_KV_SPLITS = 16
@@ -160,48 +162,6 @@ def head_block_size(group: int) -> int:
     return max(16, min(64, triton.next_power_of_2(group)))
 
 
-def check_decode_args(
-    q: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    logit_cap: float,
-    sliding_window: int,
-    num_kv_splits: int | None,
-    out: torch.Tensor | None,
-) -> None:
-    """ValueError naming the first argument of a paged decode-attention call that is wrong."""
-    if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape:
-        raise ValueError(
-            f"expected q [B,H,D] and k/v buffers [S,KVH,D] of one shape, got q {tuple(q.shape)}, "
-            f"k_buffer {tuple(k_buffer.shape)}, v_buffer {tuple(v_buffer.shape)}"
-        )
-    if q.shape[2] != k_buffer.shape[2] or q.shape[1] % k_buffer.shape[1] != 0:
-        raise ValueError(
-            f"q heads/dim {tuple(q.shape[1:])} do not fit KV heads/dim {tuple(k_buffer.shape[1:])}"
-        )
-    if req_pool_indices.shape != (q.shape[0],) or seq_lens.shape != (q.shape[0],):
-        raise ValueError(
-            f"req_pool_indices {tuple(req_pool_indices.shape)} and seq_lens "
-            f"{tuple(seq_lens.shape)} must both be [{q.shape[0]}]"
-        )
-    if req_to_token.dim() != 2:
-        raise ValueError(f"req_to_token must be 2-D, got {tuple(req_to_token.shape)}")
-    if logit_cap < 0:
-        raise ValueError(f"logit_cap must be >= 0 (0 disables), got {logit_cap}")
-    if sliding_window == 0 or sliding_window < -1:
-        raise ValueError(f"sliding_window must be positive or -1, got {sliding_window}")
-    if num_kv_splits is not None and not 1 <= num_kv_splits <= 256:
-        raise ValueError(f"num_kv_splits must be in [1, 256], got {num_kv_splits}")
-    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
-        raise ValueError(
-            f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim, got "
-            f"{tuple(out.shape)} {out.dtype}"
-        )
-
-
 def decode_attention(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -268,39 +228,4 @@ def decode_attention(
         BLOCK_S=triton.next_power_of_2(num_kv_splits), BLOCK_D=block_d,
         num_warps=4,
     )  # fmt: skip
-    return out
-
-
-def decode_attention_ref(
-    q: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    sm_scale: float,
-    logit_cap: float = 0.0,
-    sliding_window: int = -1,
-    num_kv_splits: int | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Torch twin of decode_attention (num_kv_splits is accepted and has no effect), fp32 math."""
-    check_decode_args(
-        q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
-        logit_cap, sliding_window, num_kv_splits, out,
-    )  # fmt: skip
-    group = q.shape[1] // k_buffer.shape[1]
-    if out is None:
-        out = torch.empty_like(q)
-    for i, (row, seq_len) in enumerate(
-        zip(req_pool_indices.tolist(), seq_lens.tolist(), strict=True)
-    ):
-        start = max(0, seq_len - sliding_window) if sliding_window > 0 else 0
-        slots = req_to_token[row, start:seq_len].long()
-        k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [L, H, D]
-        v = v_buffer[slots].float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("hd,lhd->hl", q[i].float(), k) * sm_scale
-        if logit_cap > 0:
-            scores = logit_cap * torch.tanh(scores / logit_cap)
-        out[i] = torch.einsum("hl,lhd->hd", scores.softmax(-1), v).to(q.dtype)
     return out

@@ -10,6 +10,8 @@ restricted, when sliding_window > 0, to keys at positions > position - sliding_w
 `sliding_window` tokens, itself included). One online softmax runs across both parts.
 
     grid (B, H, blocks of BLOCK_M new tokens)
+
+Reference: kernels/reference.py `extend_attention_ref`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import triton
 import triton.language as tl
 
 from radixflow.kernels.attention_block import attend_block, load_paged_kv
+from radixflow.kernels.reference import check_extend_args
 
 BLOCK_M = 64
 BLOCK_N = 64
@@ -131,53 +134,6 @@ def _extend_kernel(
     )
 
 
-def _check_args(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    extend_lens: torch.Tensor,
-    extend_start: torch.Tensor,
-    logit_cap: float,
-    sliding_window: int,
-    out: torch.Tensor | None,
-) -> None:
-    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape or k.shape[0] != q.shape[0]:
-        raise ValueError(
-            f"expected q [T,H,D] and k, v [T,KVH,D], got q {tuple(q.shape)}, k {tuple(k.shape)}, "
-            f"v {tuple(v.shape)}"
-        )
-    if k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape or k_buffer.shape[1:] != k.shape[1:]:
-        raise ValueError(
-            f"k/v buffers {tuple(k_buffer.shape)}, {tuple(v_buffer.shape)} must be [S, KVH, D] "
-            f"with KVH, D = {tuple(k.shape[1:])}"
-        )
-    if q.shape[2] != k.shape[2] or q.shape[1] % k.shape[1] != 0:
-        raise ValueError(f"q heads/dim {tuple(q.shape[1:])} do not fit KV {tuple(k.shape[1:])}")
-    batch = req_pool_indices.shape[0]
-    for name, t in (("prefix_lens", prefix_lens), ("extend_lens", extend_lens),
-                    ("extend_start", extend_start)):  # fmt: skip
-        if t.shape != (batch,):
-            raise ValueError(
-                f"{name} must be [{batch}] like req_pool_indices, got {tuple(t.shape)}"
-            )
-    if req_to_token.dim() != 2:
-        raise ValueError(f"req_to_token must be 2-D, got {tuple(req_to_token.shape)}")
-    if logit_cap < 0:
-        raise ValueError(f"logit_cap must be >= 0 (0 disables), got {logit_cap}")
-    if sliding_window == 0 or sliding_window < -1:
-        raise ValueError(f"sliding_window must be positive or -1, got {sliding_window}")
-    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
-        raise ValueError(
-            f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim, got "
-            f"{tuple(out.shape)} {out.dtype}"
-        )
-
-
 def extend_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -200,7 +156,7 @@ def extend_attention(
     k, v [T, KVH, D] are the new tokens' keys/values (already stored in the pool too).
     max_extend_len sizes the grid; None reads extend_lens.max() (a device sync).
     """
-    _check_args(
+    check_extend_args(
         q, k, v, k_buffer, v_buffer, req_to_token, req_pool_indices,
         prefix_lens, extend_lens, extend_start, logit_cap, sliding_window, out,
     )  # fmt: skip
@@ -229,51 +185,4 @@ def extend_attention(
         HAS_CAP=logit_cap > 0, HAS_WINDOW=sliding_window > 0,
         num_warps=4 if head_dim <= 64 else 8, num_stages=2,
     )  # fmt: skip
-    return out
-
-
-def extend_attention_ref(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    extend_lens: torch.Tensor,
-    extend_start: torch.Tensor,
-    sm_scale: float,
-    logit_cap: float = 0.0,
-    sliding_window: int = -1,
-    max_extend_len: int | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Torch twin of extend_attention (max_extend_len is accepted and has no effect), fp32 math."""
-    _check_args(
-        q, k, v, k_buffer, v_buffer, req_to_token, req_pool_indices,
-        prefix_lens, extend_lens, extend_start, logit_cap, sliding_window, out,
-    )  # fmt: skip
-    group = q.shape[1] // k.shape[1]
-    if out is None:
-        out = torch.empty_like(q)
-    rows = zip(
-        req_pool_indices.tolist(), prefix_lens.tolist(), extend_lens.tolist(),
-        extend_start.tolist(), strict=True,
-    )  # fmt: skip
-    for row, prefix_len, extend_len, tok0 in rows:
-        new = slice(tok0, tok0 + extend_len)
-        slots = req_to_token[row, :prefix_len].long()
-        keys = torch.cat([k_buffer[slots], k[new]]).float().repeat_interleave(group, dim=1)
-        values = torch.cat([v_buffer[slots], v[new]]).float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("thd,lhd->htl", q[new].float(), keys) * sm_scale
-        if logit_cap > 0:
-            scores = logit_cap * torch.tanh(scores / logit_cap)
-        q_pos = torch.arange(prefix_len, prefix_len + extend_len)[:, None]
-        k_pos = torch.arange(prefix_len + extend_len)[None, :]
-        visible = k_pos <= q_pos
-        if sliding_window > 0:
-            visible &= k_pos > q_pos - sliding_window
-        scores = scores.masked_fill(~visible, float("-inf"))
-        out[new] = torch.einsum("htl,lhd->thd", scores.softmax(-1), values).to(q.dtype)
     return out

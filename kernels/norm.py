@@ -1,10 +1,11 @@
-"""RMSNorm and the fused residual-add RMSNorm, with HF Llama's rounding convention.
+"""RMSNorm and the fused residual-add RMSNorm in Triton, with HF Llama's rounding convention.
 
     rms_norm(x, w)             y = (x / sqrt(mean(x^2) + eps)).to(x.dtype) * w      (stats in fp32)
     fused_add_rms_norm(x, r)   r <- (x + r) rounded to r's dtype;  x <- rms_norm(r, w)
 
 The fused form equals the unfused `residual = x + residual; x = norm(residual)` of HF/SGLang/vLLM
 decoder layers (the residual stream holds the rounded sum, and the norm reads that rounded sum).
+References: kernels/reference.py `rms_norm_ref`, `fused_add_rms_norm_ref`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from radixflow.kernels.reference import check_norm_weight
 
 
 @triton.jit
@@ -48,16 +51,11 @@ def _num_warps(n: int) -> int:
     return max(1, min(16, triton.next_power_of_2(n) // 256))
 
 
-def _check_weight(x: torch.Tensor, weight: torch.Tensor) -> None:
-    if weight.shape != (x.shape[-1],):
-        raise ValueError(f"weight must be [{x.shape[-1]}], got {tuple(weight.shape)}")
-
-
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """RMSNorm over the last dim of x [..., N]; returns a new tensor (or out) of x's shape/dtype."""
-    _check_weight(x, weight)
+    check_norm_weight(x, weight)
     if out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
     elif out.shape != x.shape or out.dtype != x.dtype or not out.is_contiguous():
@@ -82,7 +80,7 @@ def fused_add_rms_norm(
 
     Both must be contiguous and of one shape; returns (x, residual), the same tensors.
     """
-    _check_weight(x, weight)
+    check_norm_weight(x, weight)
     if residual.shape != x.shape or not x.is_contiguous() or not residual.is_contiguous():
         raise ValueError(
             f"x {tuple(x.shape)} and residual {tuple(residual.shape)} must be contiguous and alike"
@@ -94,26 +92,4 @@ def fused_add_rms_norm(
             x2, x2, res2, weight, x2.stride(0), x2.stride(0), res2.stride(0), float(eps),
             N=n, BLOCK=triton.next_power_of_2(n), ADD_RESIDUAL=True, num_warps=_num_warps(n),
         )  # fmt: skip
-    return x, residual
-
-
-def rms_norm_ref(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Torch twin of rms_norm."""
-    _check_weight(x, weight)
-    xf = x.float()
-    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    y = (normed.float() * weight.float()).to(x.dtype)
-    if out is None:
-        return y
-    return out.copy_(y)
-
-
-def fused_add_rms_norm_ref(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch twin of fused_add_rms_norm (in place as well)."""
-    residual.copy_((x.float() + residual.float()).to(residual.dtype))
-    x.copy_(rms_norm_ref(residual, weight, eps))
     return x, residual

@@ -7,7 +7,8 @@ rotary_dim dims of each head rotate; pair i is
     neox    (x[i], x[i + rotary_dim/2])
     GPT-J   (x[2i], x[2i + 1])
 
-and becomes (a cos - b sin, b cos + a sin), computed in fp32 and rounded once.
+and becomes (a cos - b sin, b cos + a sin), computed in fp32 and rounded once. Reference:
+kernels/reference.py `rotary_embedding_ref`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from radixflow.kernels.reference import check_rotary, heads_view
 
 
 @triton.jit
@@ -69,33 +72,6 @@ def _rotary_kernel(
                   BLOCK_HK)  # fmt: skip
 
 
-def _heads_view(x: torch.Tensor, num_tokens: int, head_dim: int, name: str) -> torch.Tensor:
-    """[T, H*D] or [T, H, D] -> a [T, H, D] view of the same memory (in place needs a view)."""
-    if x.shape[0] != num_tokens or x.shape[-1] % head_dim or x.dim() not in (2, 3):
-        raise ValueError(f"{name} must be [T, H*{head_dim}] or [T, H, {head_dim}], T={num_tokens}")
-    if x.dim() == 3 and x.shape[2] != head_dim:
-        raise ValueError(f"{name} head dim {x.shape[2]} != head_dim {head_dim}")
-    try:
-        view = x.view(num_tokens, -1, head_dim)
-    except RuntimeError as e:
-        raise ValueError(f"{name} must be viewable as [T, H, D] for in-place rotation") from e
-    if view.stride(-1) != 1:
-        raise ValueError(f"{name} must be contiguous in its last dim")
-    return view
-
-
-def _check(positions: torch.Tensor, cos_sin_cache: torch.Tensor, head_dim: int) -> int:
-    rotary_dim = cos_sin_cache.shape[-1]
-    if cos_sin_cache.dim() != 2 or rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
-        raise ValueError(
-            f"cos_sin_cache must be [max_position, rotary_dim] with an even rotary_dim <= "
-            f"head_dim {head_dim}, got {tuple(cos_sin_cache.shape)}"
-        )
-    if positions.dim() != 1:
-        raise ValueError(f"positions must be 1-D, got {tuple(positions.shape)}")
-    return rotary_dim
-
-
 def rotary_embedding(
     positions: torch.Tensor,
     q: torch.Tensor,
@@ -108,10 +84,10 @@ def rotary_embedding(
 
     Returns (q, k), the same tensors.
     """
-    rotary_dim = _check(positions, cos_sin_cache, head_dim)
+    rotary_dim = check_rotary(positions, cos_sin_cache, head_dim)
     num_tokens = positions.shape[0]
-    qv = _heads_view(q, num_tokens, head_dim, "q")
-    kv = _heads_view(k, num_tokens, head_dim, "k")
+    qv = heads_view(q, num_tokens, head_dim, "q")
+    kv = heads_view(k, num_tokens, head_dim, "k")
     if num_tokens == 0:
         return q, k
     cache = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
@@ -124,30 +100,4 @@ def rotary_embedding(
         BLOCK_HQ=triton.next_power_of_2(qv.shape[1]), BLOCK_HK=triton.next_power_of_2(kv.shape[1]),
         IS_NEOX=is_neox, num_warps=4,
     )  # fmt: skip
-    return q, k
-
-
-def rotary_embedding_ref(
-    positions: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    head_dim: int,
-    is_neox: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch twin of rotary_embedding (in place as well)."""
-    rotary_dim = _check(positions, cos_sin_cache, head_dim)
-    half = rotary_dim // 2
-    cos_sin = cos_sin_cache[positions].float()
-    cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
-    for name, x in (("q", q), ("k", k)):
-        view = _heads_view(x, positions.shape[0], head_dim, name)
-        if is_neox:
-            a, b = view[..., :half], view[..., half:rotary_dim]
-        else:
-            a, b = view[..., 0:rotary_dim:2], view[..., 1:rotary_dim:2]
-        af, bf = a.float(), b.float()
-        new_a, new_b = af * cos - bf * sin, bf * cos + af * sin
-        a.copy_(new_a)
-        b.copy_(new_b)
     return q, k

@@ -32,7 +32,7 @@ from radixflow.runtime.config import (
     check_sglang_option,
     sglang_value,
 )
-from radixflow.runtime.serving import CHARS_PER_TOKEN, ServerLimits
+from radixflow.runtime.server.limits import CHARS_PER_TOKEN, ServerLimits
 
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from radixflow.runtime.server import serve
+    from radixflow.runtime.server.launch import serve
 
     serve(
         engine_kwargs(args),

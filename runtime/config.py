@@ -30,7 +30,6 @@ from typing import Any
 
 from radixflow.grammars import GrammarLimits
 from radixflow.grammars.compiler import DEFAULT_CACHE_MB
-from radixflow.kernels.cpu_build import cpu_kernels_available
 
 logger = logging.getLogger(__name__)
 
@@ -298,10 +297,8 @@ def startup_summary(engine: Any) -> str:
 
 
 def _kernels(engine: Any) -> str:
-    """Which kernels the model's ops run: Triton on CUDA, the C++ CPU kernels, or torch."""
-    if str(engine.runner.device).startswith("cuda"):
-        return "triton"
-    return "C++ CPU (AVX-512)" if cpu_kernels_available() else "torch (no C++ CPU kernels)"
+    """The implementation each of the model's ops was bound to at build (runtime/layers/)."""
+    return str(engine.runner.model.ops.describe())
 
 
 def request_log_line(req: Any) -> str:

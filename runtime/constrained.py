@@ -31,8 +31,8 @@ from radixflow.grammars import (
     GrammarCompiler,
     GrammarLimits,
 )
-from radixflow.kernels.bitmask import apply_token_bitmask, apply_token_bitmask_ref
 from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.layers.token_bitmask import choose_token_bitmask
 from radixflow.runtime.request import Req
 from radixflow.runtime.sampling_params import SamplingParams
 
@@ -58,7 +58,12 @@ def _request_error(kind: str, exc: Exception) -> ValueError:
     return ValueError(f"invalid {kind}: {exc}")
 
 
-class GrammarBackend:
+class GrammarService:
+    """The engine's grammar work: compile requests' grammars on a pool, mask a batch's logits.
+
+    `device` is where the logits live (the model's): the bitmask op is chosen for it once.
+    """
+
     def __init__(
         self,
         tokenizer,
@@ -69,6 +74,7 @@ class GrammarBackend:
         cache_mb: float = EngineConfig.grammar_cache_mb,
         workers: int = EngineConfig.grammar_compile_workers,
         import_paths: str = EngineConfig.grammar_import_paths,
+        device: torch.device | str = "cpu",
     ) -> None:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
@@ -82,6 +88,7 @@ class GrammarBackend:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="radixflow-grammar")
         self._running: dict[tuple[str, str], Future] = {}  # compilations by cache key
         self._running_lock = threading.Lock()
+        self._bitmask = choose_token_bitmask(device)
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -155,8 +162,7 @@ class GrammarBackend:
                 bitmask[i] = reqs[i].grammar.next_token_mask()
             except GrammarBudgetExceeded as exc:
                 failed[i] = exc
-        apply = apply_token_bitmask if logits.is_cuda else apply_token_bitmask_ref
-        apply(logits, torch.from_numpy(bitmask).to(logits.device))
+        self._bitmask.apply(logits, torch.from_numpy(bitmask).to(logits.device), None)
         return failed
 
     def cache_nbytes(self) -> int:

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import regex
 
 # Seconds one stop_regex search may take: a pathological pattern fails its own request.
 STOP_REGEX_TIMEOUT = 0.25
+
+
+class TextDecoder(Protocol):
+    """What the detokenizer needs of a tokenizer (a Hugging Face tokenizer has it)."""
+
+    def decode(
+        self, ids: list[int], /, *, skip_special_tokens: bool, spaces_between_special_tokens: bool
+    ) -> str: ...
 
 
 class StopRegexTimeout(ValueError):
@@ -23,7 +32,7 @@ class IncrementalDetokenizer:
     an incomplete UTF-8 sequence.
     """
 
-    tokenizer: object
+    tokenizer: TextDecoder
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     stop_strings: list[str] = field(default_factory=list)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import secrets
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -260,6 +261,7 @@ class GenerateInput:
                 limits.check_prompt(ids)
             except ValueError as exc:
                 raise InputError(f"{prompt_field}: {exc}", prompt_field) from None
+        raw_params: Sequence[dict[str, Any] | None]
         if isinstance(sampling_params, list):
             if len(sampling_params) != len(prompts):
                 raise InputError(

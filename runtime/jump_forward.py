@@ -10,14 +10,26 @@ matcher failed: the caller aborts the request.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from radixflow.runtime.request import Req
 
 RETOKENIZE_WINDOW = 8  # output tokens re-tokenized together with the forced text
 
 
-def jump_forward(req: Req, tokenizer) -> int:
+class Retokenizer(Protocol):
+    """What jump-forward needs of a tokenizer (a Hugging Face tokenizer has it)."""
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+def jump_forward(req: Req, tokenizer: Retokenizer) -> int:
     """Extend req.output_ids by its grammar's forced text; returns the net tokens added."""
-    forced = req.grammar.forced_text()
+    grammar = req.grammar
+    assert grammar is not None, "jump_forward() of an unconstrained request"
+    forced = grammar.forced_text()
     if not forced or not req.output_ids:
         return 0
     window = min(RETOKENIZE_WINDOW, len(req.output_ids))
@@ -33,13 +45,12 @@ def jump_forward(req: Req, tokenizer) -> int:
         keep += 1
     drop = window - keep
     first_changed = req.fill_len - drop
-    if first_changed < req.cache_len:  # never rewrite KV the radix tree owns
+    if first_changed < req.kv.tree_len:  # never rewrite KV the radix tree owns
         return 0
     room = req.params.max_new_tokens - (len(req.output_ids) - drop)
     added = new[keep:][:room]
     if len(added) <= drop:
         return 0
-    grammar = req.grammar
     grammar.rollback(drop)
     for i, token in enumerate(added):
         if not grammar.accept(token):
@@ -50,7 +61,7 @@ def jump_forward(req: Req, tokenizer) -> int:
     if drop:
         del req.output_ids[-drop:]
         req.detokenizer.reset()
-        req.kv_len = min(req.kv_len, first_changed)
+        req.kv.rollback(first_changed)
     req.output_ids.extend(added)
     for token in added:
         req.sampler.observe(token)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from radixflow.runtime.attention.base import AttentionBackend
-from radixflow.runtime.attention.torch_backend import TorchBackend
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.kv_pool import KVPool
+from radixflow.runtime.layers.attention import choose_attention_backend
+from radixflow.runtime.layers.target import OpsTarget
 from radixflow.runtime.models.llama import LlamaForCausalLM
 from radixflow.runtime.scheduler import ScheduledStep
 
@@ -69,13 +69,14 @@ class ModelRunner:
             max_reqs=config.max_running_requests,
             max_context=self.context_length,
         )
-        self.backend = self._make_backend(config.attention_backend)
+        self.attention_backend, self.backend = choose_attention_backend(
+            config.attention_backend, self.pool, self.device
+        )
+        target = OpsTarget(self.device, self.dtype, triton=self.attention_backend == "triton")
         with torch.device(self.device):
-            model = LlamaForCausalLM(hf, self.backend, max_position=self.context_length)
+            model = LlamaForCausalLM(hf, self.backend, target, max_position=self.context_length)
         model.load_weights(checkpoint.weights(torch.float32))
         self.model = model.to(self.dtype).eval()
-        self.model.cos_sin_cache = self.model.cos_sin_cache.float()
-        self.model.use_triton_kernels(self.attention_backend == "triton")
 
     def _num_pages(self, config: EngineConfig, layers: int, kv_heads: int, head_dim: int) -> int:
         if config.max_total_tokens is not None:
@@ -90,19 +91,9 @@ class ModelRunner:
             tokens = int(budget // bytes_per_token)
         return tokens // config.page_size + 1  # page 0 is reserved
 
-    def _make_backend(self, name: str) -> AttentionBackend:
-        if name == "auto":
-            name = "triton" if self.device.type == "cuda" else "torch"
-        self.attention_backend = name
-        if name == "triton":
-            from radixflow.runtime.attention.triton_backend import TritonBackend
-
-            return TritonBackend(self.pool)
-        return TorchBackend(self.pool)
-
     def build_batch(self, step: ScheduledStep, logits_indices: torch.Tensor) -> ForwardBatch:
         reqs, lens = step.reqs, step.extend_lens
-        prefix = [r.kv_len for r in reqs]
+        prefix = [r.kv.length for r in reqs]
         if all(n == 1 for n in lens):
             ids = [r.output_ids[-1] if r.output_ids else r.prompt_ids[-1] for r in reqs]
             positions = torch.tensor(prefix, dtype=torch.int64)
@@ -115,7 +106,7 @@ class ModelRunner:
             positions,
             step.out_cache_loc,
             self.pool.req_to_token,
-            [r.row for r in reqs],
+            [r.kv.row for r in reqs],
             prefix,
             lens,
             logits_indices,

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixflow.runtime.detokenizer import IncrementalDetokenizer
 from radixflow.runtime.sampler import RequestSampler
 from radixflow.runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixflow.grammars import GrammarMatcher
+    from radixflow.runtime.radix_cache import TreeNode
+    from radixflow.runtime.speculative.speculator import SpecState
 
 
 @dataclass
@@ -22,12 +27,36 @@ class LogprobRequest:
 
 
 @dataclass
+class KVState:
+    """Where a request's KV lives while it runs; written by the CacheManager alone, except
+    `rollback`.
+
+    The first `length` fill tokens have K/V, at req_to_token[row, :length], in `pages` (page
+    i of the request's tokens is pages[i]). The first `tree_len` of them (page aligned) are
+    the radix tree's, locked through `last_node`; the rest, and any page past `length`, are
+    the request's own.
+    """
+
+    row: int | None = None  # row of req_to_token; None while the request holds no KV
+    pages: list[int] = field(default_factory=list)
+    length: int = 0
+    tree_len: int = 0
+    last_node: TreeNode | None = None
+
+    def rollback(self, length: int) -> None:
+        """Forget the KV past `length` (rejected drafts, a re-tokenized tail); its own pages
+        stay its own and are rewritten by the tokens fed next. The tree's part stays: its KV
+        is valid and its pages are not the request's to rewrite or free."""
+        self.length = max(self.tree_len, min(self.length, length))
+
+
+@dataclass
 class Req:
     """One sequence being generated.
 
-    fill_ids = prompt + output so far. The first `kv_len` of them have K/V in the pool
-    (at req_to_token[row, :kv_len]); the step that runs it feeds fill_ids[kv_len:], followed
-    by `draft_ids` when speculative decoding proposed tokens for it to verify.
+    fill_ids = prompt + output so far. The first `kv.length` of them have K/V in the pool;
+    the step that runs it feeds fill_ids[kv.length:], followed by `draft_ids` when
+    speculative decoding proposed tokens for it to verify.
     """
 
     rid: str
@@ -37,13 +66,9 @@ class Req:
     detokenizer: IncrementalDetokenizer
     logprob: LogprobRequest = field(default_factory=LogprobRequest)
     stream: bool = False
-    grammar: Any = None  # GrammarMatcher of a constrained request
+    grammar: GrammarMatcher | None = None  # the cursor of a constrained request
     output_ids: list[int] = field(default_factory=list)
-    row: int | None = None  # row of req_to_token while it holds KV
-    pages: list[int] = field(default_factory=list)  # pages this request owns
-    kv_len: int = 0
-    cache_len: int = 0  # leading tokens whose KV belongs to the radix tree
-    last_node: Any = None  # radix tree node locked for those tokens
+    kv: KVState = field(default_factory=KVState)
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     finish_reason: dict[str, Any] | None = None
     output_logprobs: list[float] = field(default_factory=list)
@@ -56,7 +81,7 @@ class Req:
     first_token_time: float | None = None
     retractions: int = 0
     draft_ids: list[int] = field(default_factory=list)  # proposed tokens this step verifies
-    spec: Any = None  # speculative.SpecState once the request has speculated
+    spec: SpecState | None = None  # set once the request has speculated
     sample_steps: int = 0  # steps that sampled for this request (speculation on)
     sampled_tokens: int = 0  # tokens those steps appended
     pin_id: str | None = None  # a pin_prefix request: lock its prompt in the tree when done
@@ -75,7 +100,7 @@ class Req:
     @property
     def remaining(self) -> int:
         """Tokens to feed before the next token can be sampled (1 while decoding)."""
-        return self.fill_len - self.kv_len
+        return self.fill_len - self.kv.length
 
     @property
     def finished(self) -> bool:

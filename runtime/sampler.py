@@ -203,7 +203,8 @@ class SamplingBatch:
         device = torch.device(device)
         V = vocab_size
         temps, ks, ps, min_ps, greedy = [], [], [], [], []
-        seeded, unseeded = [], []
+        seeded: list[int] = []
+        unseeded: list[int] = []
         bias, repetition, frequency, blocked = (_EntryCollector() for _ in range(4))
         for i, s in enumerate(samplers):
             p = s.params
@@ -229,7 +230,7 @@ class SamplingBatch:
             if s.blocked_ids is not None and s.blocks_eos:
                 blocked.add(i, s.blocked_ids, 0.0)
 
-        def col(values: list[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        def col(values: Sequence[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=device).unsqueeze(1)
 
         active_ks = [k for k in ks if k < V]

@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 
 import radixflow as rf
-from radixflow.runtime.server import create_app
+from radixflow.runtime.server.app import create_app
 
 
 def sse_events(lines):

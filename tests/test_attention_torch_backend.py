@@ -1,4 +1,4 @@
-"""TorchBackend (the CPU path) over a real KVPool against dense fp32 attention, including
+"""TorchPagedBackend (the CPU path) over a real KVPool against dense fp32 attention, including
 cascade decoding of rows that share a cached prefix."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 import torch
 from attention_harness import HEAD_DIM, HEADS, KV_HEADS, Harness
 
-from radixflow.runtime.attention import torch_backend
+from radixflow.runtime.attention import sdpa_backend
 from radixflow.runtime.attention.base import AttentionLayerSpec
-from radixflow.runtime.attention.torch_backend import TorchBackend
+from radixflow.runtime.attention.sdpa_backend import TorchPagedBackend
 from radixflow.runtime.forward_batch import ForwardMode
 
 PREFIX = 80  # longer than MIN_CASCADE_PREFIX, a multiple of both page sizes
@@ -22,7 +22,7 @@ def layers(logit_cap: float, sliding_window: int) -> list[AttentionLayerSpec]:
     ]
 
 
-def run_steps(harness: Harness, backend: TorchBackend, specs, steps: list[list[int]]) -> None:
+def run_steps(harness: Harness, backend: TorchPagedBackend, specs, steps: list[list[int]]) -> None:
     for extend_lens in steps:
         mode = ForwardMode.DECODE if set(extend_lens) == {1} else ForwardMode.EXTEND
         batch = harness.step(extend_lens, mode)
@@ -40,7 +40,7 @@ def test_extend_then_decode_matches_dense_attention(page_size, logit_cap, slidin
     harness = Harness(page_size, num_layers=2, gen=gen)
     for cached in (0, 20, 5):
         harness.add_request(cached)
-    backend = TorchBackend(harness.pool)
+    backend = TorchPagedBackend(harness.pool)
     run_steps(harness, backend, layers(logit_cap, sliding_window), [[7, 3, 18], [1, 1, 1]])
 
 
@@ -64,7 +64,7 @@ def test_rows_sharing_a_prefix_decode_in_cascade_matching_dense_attention(
     page_size, logit_cap, sliding_window
 ):
     harness = cascade_harness(page_size)
-    backend = TorchBackend(harness.pool)
+    backend = TorchPagedBackend(harness.pool)
     specs = layers(logit_cap, sliding_window)
     # the forks prefill their own tails, then everyone decodes, then a mixed step
     run_steps(harness, backend, specs, [[1, 1, 1, 5, 2, 9], [1] * 6, [1] * 6])
@@ -78,9 +78,9 @@ def test_rows_sharing_a_prefix_decode_in_cascade_matching_dense_attention(
 
 
 def test_short_shared_prefixes_are_not_cascaded(monkeypatch):
-    monkeypatch.setattr(torch_backend, "MIN_CASCADE_PREFIX", PREFIX + 1)
+    monkeypatch.setattr(sdpa_backend, "MIN_CASCADE_PREFIX", PREFIX + 1)
     harness = cascade_harness(1)
-    backend = TorchBackend(harness.pool)
+    backend = TorchPagedBackend(harness.pool)
     run_steps(harness, backend, layers(0.0, -1), [[1, 1, 1, 5, 2, 9], [1] * 6])
     assert backend._cascade == []
 
@@ -91,7 +91,7 @@ def test_short_shared_prefixes_are_not_cascaded(monkeypatch):
 def test_decode_paths_match_dense_attention(use_kernel, cascade):
     """Both decode paths (the compiled kernel where it builds, gather + SDPA) stay correct."""
     harness = cascade_harness(16)
-    backend = TorchBackend(harness.pool, use_kernel=use_kernel, cascade=cascade)
+    backend = TorchPagedBackend(harness.pool, use_kernel=use_kernel, cascade=cascade)
     steps = [[1, 1, 1, 5, 2, 9], [1] * 6, [1, 4, 1, 1, 1, 1]]
     run_steps(harness, backend, layers(0.0, -1), steps)
     run_steps(harness, backend, layers(8.0, 12), [[1] * 6])

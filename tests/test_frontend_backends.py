@@ -1,7 +1,7 @@
 """Programs end to end on the default model (float32, marked slow), on Runtime, RuntimeEndpoint
 and OpenAI; SGLang's backend API (the tiny-model tests at the end).
 
-One engine serves all three: `Runtime(engine=...)` in process, and our server (runtime/server.py,
+One engine serves all three: `Runtime(engine=...)` in process, and our server (runtime/server/,
 uvicorn on a free local port) for RuntimeEndpoint and the OpenAI backend.
 """
 
@@ -20,7 +20,7 @@ import transformers
 import uvicorn
 
 import radixflow as rf
-from radixflow.runtime.server import create_app
+from radixflow.runtime.server.app import create_app
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +161,7 @@ def test_fork_branches_hit_the_shared_prefix(runtime):
     runtime.flush_cache()
     state = tree.run(backend=runtime)
     assert len(state["idea"]) == 3
-    assert runtime.engine.scheduler.cache.protected_size() == 0  # the fork's pin was released
+    assert runtime.engine.kv.cache.protected_size() == 0  # the fork's pin was released
     prefix_tokens = len(runtime.tokenizer.encode(state.text()))
     for i in range(3):
         meta = state.stream_executor.children[i].meta_info["idea"]

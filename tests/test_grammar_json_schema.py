@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from radixflow.grammars import CompileTimeout, GrammarCompiler, allocate_token_bitmask
-from radixflow.grammars.json_schema import int_range_regex, number_range_regex
+from radixflow.grammars.json_schema_numbers import int_range_regex, number_range_regex
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -10,8 +10,8 @@ import pytest
 from tiny_models import tiny_tokenizer
 
 from radixflow.grammars import CompileTimeout, GrammarCompiler
-from radixflow.grammars.json_schema import int_range_regex, number_range_regex
-from radixflow.runtime.constrained import GrammarBackend
+from radixflow.grammars.json_schema_numbers import int_range_regex, number_range_regex
+from radixflow.runtime.constrained import GrammarService
 from radixflow.runtime.sampling_params import SamplingParams
 
 # Many distinct repeats: ~400k NFA states (under MAX_NFA_STATES), several seconds to build.
@@ -309,7 +309,7 @@ def test_lark_imports_bundled_and_configured_grammars(tok, secret_dir):
 
 
 def test_backend_import_paths_knob(tok, secret_dir):
-    backend = GrammarBackend(tok, len(tok), {tok.eos_token_id}, 5.0, import_paths=str(secret_dir))
+    backend = GrammarService(tok, len(tok), {tok.eos_token_id}, 5.0, import_paths=str(secret_dir))
     try:
         params = SamplingParams(lark="%import secret (X)\nstart: X\n")
         assert accepts(backend.submit(params).result(), SECRET)
@@ -319,7 +319,7 @@ def test_backend_import_paths_knob(tok, secret_dir):
 
 # ---- the compile pool ----------------------------------------------------------------------
 def test_busy_pool_still_answers_cached_and_small_grammars_quickly(tok):
-    backend = GrammarBackend(tok, len(tok), {tok.eos_token_id}, 3.0, workers=4)
+    backend = GrammarService(tok, len(tok), {tok.eos_token_id}, 3.0, workers=4)
     try:
         cached = SamplingParams(json_schema={"type": "integer", "maximum": 99})
         first = backend.submit(cached).result()

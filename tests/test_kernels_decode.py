@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixflow.kernels.decode_attention import decode_attention, decode_attention_ref
+from radixflow.kernels.decode_attention import decode_attention
+from radixflow.kernels.reference import decode_attention_ref
 from radixflow.kernels.testing import random_paged_table, relative_error
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3}

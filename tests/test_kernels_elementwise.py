@@ -6,21 +6,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixflow.kernels.bitmask import (
-    allocate_token_bitmask,
-    apply_token_bitmask,
+from radixflow.grammars import allocate_token_bitmask
+from radixflow.kernels.bitmask import apply_token_bitmask
+from radixflow.kernels.norm import fused_add_rms_norm, rms_norm
+from radixflow.kernels.reference import (
     apply_token_bitmask_ref,
     bitmask_words,
+    fused_add_rms_norm_ref,
+    rms_norm_ref,
+    rotary_embedding_ref,
+    store_kv_ref,
     unpack_token_bitmask,
 )
-from radixflow.kernels.norm import (
-    fused_add_rms_norm,
-    fused_add_rms_norm_ref,
-    rms_norm,
-    rms_norm_ref,
-)
-from radixflow.kernels.rotary import rotary_embedding, rotary_embedding_ref
-from radixflow.kernels.store_kv import store_kv, store_kv_ref
+from radixflow.kernels.rotary import rotary_embedding
+from radixflow.kernels.store_kv import store_kv
 from radixflow.kernels.testing import relative_error
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3}

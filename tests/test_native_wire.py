@@ -16,9 +16,9 @@ from server_harness import sse_events, start_server
 from tiny_models import make_tiny_model_dir
 
 import radixflow as rf
-from radixflow.runtime.native_protocol import IGNORED, UNSUPPORTED, GenerateRequest
 from radixflow.runtime.sampling_params import UNSUPPORTED as UNSUPPORTED_PARAMS
 from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.server.native_protocol import IGNORED, UNSUPPORTED, GenerateRequest
 
 PROMPT = "The quick brown fox"
 LONG = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}

@@ -402,7 +402,7 @@ def test_served_model_name_flag_takes_aliases():
 
 
 def test_guard_errors_have_openai_shape_on_v1(tiny_engine):
-    from radixflow.runtime.serving import ServerLimits
+    from radixflow.runtime.server.limits import ServerLimits
 
     running = start_server(
         tiny_engine,

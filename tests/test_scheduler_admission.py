@@ -15,6 +15,7 @@ from kv_checks import assert_kv_released
 from tiny_models import make_tiny_model_dir
 
 import radixflow as rf
+from radixflow.runtime.cache_manager import CacheManager
 from radixflow.runtime.kv_pool import KVPool
 from radixflow.runtime.request import Req
 from radixflow.runtime.sampling_params import SamplingParams
@@ -41,7 +42,7 @@ def _scheduler(policy: str = "lpm") -> Scheduler:
     limits = SchedulerLimits(
         max_running_requests=16, chunked_prefill_size=64, max_prefill_tokens=256, policy=policy
     )
-    return Scheduler(pool, limits)
+    return Scheduler(CacheManager(pool), limits)
 
 
 def _req(rid: str, ids: list[int], max_new: int) -> Req:
@@ -59,10 +60,8 @@ def _step(sched: Scheduler) -> tuple[ScheduledStep | None, list[Req]]:
     done = list(sched.failed)
     sched.failed.clear()
     for req, n in zip(step.reqs, step.extend_lens, strict=True) if step else ():
-        req.kv_len += n
-        if n > 1 and req.kv_len - n < len(req.prompt_ids):
-            sched.cache_prefill_chunk(req)
-        if req.kv_len == req.fill_len:
+        sched.kv.commit(req, n)
+        if req.kv.length == req.fill_len:
             req.output_ids.append(7)
             if len(req.output_ids) >= req.params.max_new_tokens:
                 sched.remove(req)
@@ -80,9 +79,9 @@ def _drain(sched: Scheduler, max_steps: int = 1000) -> list[Req]:
 
 
 def _assert_pool_released(sched: Scheduler) -> None:
-    assert sched.cache.protected_size() == 0
+    assert sched.kv.cache.protected_size() == 0
     sched.flush_cache()
-    assert sched.pool.available() == sched.pool.capacity_pages
+    assert sched.kv.pool.available() == sched.kv.pool.capacity_pages
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -110,7 +109,7 @@ def test_cached_prefix_is_reused_and_the_rest_evicted_to_fit():
     sched.add(_req("first", prefix, max_new=1))
     sched.add(_req("other", _ids(5000, 30), max_new=1))
     _drain(sched)
-    assert sched.cache.evictable_size() == 90 and sched.pool.available() == 10
+    assert sched.kv.cache.evictable_size() == 90 and sched.kv.pool.available() == 10
     # 95 tokens in a 100-token pool: the 60 cached are reused, the other 30 are evicted.
     turn = _req("turn", prefix + _ids(2000, 35), max_new=4)
     sched.add(turn)
@@ -131,9 +130,9 @@ def test_overdue_request_stops_others_overtaking_until_it_is_admitted(policy):
     for i in range(200):  # a small request arrives every step
         sched.add(_req(f"small{i}", _ids(10_000 + 20 * i, 10), max_new=3))
         step, _ = _step(sched)
-        if big.row is not None:  # admitted
+        if big.kv.row is not None:  # admitted
             break
-        overtakes += sum(1 for r in step.reqs if r.rid.startswith("small") and r.kv_len == 10)
+        overtakes += sum(1 for r in step.reqs if r.rid.startswith("small") and r.kv.length == 10)
     else:
         raise AssertionError("the big request was never admitted")
     assert overtakes == MAX_OVERTAKES
@@ -175,7 +174,7 @@ def test_request_crowded_out_by_pins_fails_but_one_sharing_them_runs(prompt_len,
     system = _ids(1000, 50)
     sched.add(_req("warm", system, max_new=1))
     _drain(sched)
-    assert sched.pin("pin", system) == 50
+    assert sched.kv.pin("pin", system) == 50
     apart = _req("apart", _ids(5000, prompt_len), max_new=max_new)  # not beside the pin
     sharing = _req("sharing", system + _ids(2000, 40), max_new=5)
     sched.add(apart)
@@ -186,7 +185,7 @@ def test_request_crowded_out_by_pins_fails_but_one_sharing_them_runs(prompt_len,
     assert apart.finish_reason["type"] == "abort"
     assert f"needs {needs} KV tokens" in apart.finish_reason["message"]
     assert "50 of them in pinned prefixes" in apart.finish_reason["message"]
-    sched.unpin("pin")
+    sched.kv.unpin("pin")
     _assert_pool_released(sched)
 
 

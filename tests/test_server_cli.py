@@ -18,9 +18,9 @@ import pytest
 
 from radixflow.runtime.cli import build_parser, configure_logging, engine_kwargs, main
 from radixflow.runtime.config import SGLANG_VALUES, EngineConfig
-from radixflow.runtime.openai_protocol import ChatCompletionRequest, NamedToolChoice, Tool
-from radixflow.runtime.openai_tools import ToolPlan
-from radixflow.runtime.serving import APIError
+from radixflow.runtime.server.errors import APIError
+from radixflow.runtime.server.openai_protocol import ChatCompletionRequest, NamedToolChoice, Tool
+from radixflow.runtime.server.openai_tools import ToolPlan
 
 FIELDS = dataclasses.fields(EngineConfig)
 

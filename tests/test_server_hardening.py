@@ -17,7 +17,7 @@ import httpx
 import pytest
 from server_harness import kv_all_free, sse_events, wait_idle
 
-from radixflow.runtime.serving import ServerLimits
+from radixflow.runtime.server.limits import ServerLimits
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["server_harness"]  # fixtures: engine, server, http, server_factory

@@ -245,7 +245,7 @@ def test_stream_yields_every_accepted_token(model_dir):
 def test_acceptance_is_exported_as_metrics(model_dir):
     from prometheus_client.parser import text_string_to_metric_families
 
-    from radixflow.runtime.metrics import ServerMetrics
+    from radixflow.runtime.server.metrics import ServerMetrics
 
     engine = _engine(model_dir, speculative_algorithm="ngram")
     try:

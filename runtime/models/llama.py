@@ -2,27 +2,35 @@
 
 Differences between the families are config switches: q/k/v bias (Qwen2), per-head q/k
 RMSNorm (Qwen3), tied embeddings, RoPE scaling, GQA. q/k/v and gate/up projections are
-fused into one matmul each; attention goes through the AttentionBackend seam. On the CPU,
-RMSNorm (with the residual add before it fused in), SiLU-and-mul and rotary run as compiled
-kernels (kernels/cpu_elementwise.py) where they apply; on CUDA, norm and rotary use Triton.
+fused into one matmul each; attention goes through the AttentionBackend seam. The model never
+chooses kernels: its ops (runtime/layers/) are bound once, here, from an OpsTarget, and the
+choice is logged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from radixflow.kernels import cpu_elementwise
 from radixflow.runtime.attention.base import AttentionBackend, AttentionLayerSpec
 from radixflow.runtime.forward_batch import ForwardBatch
-from radixflow.runtime.models.linear import Linear, linear
-from radixflow.runtime.models.rope import RopeSpec, apply_rotary_neox
+from radixflow.runtime.layers.activation import SiluAndMulImpl, choose_silu_and_mul
+from radixflow.runtime.layers.linear import Linear, LinearImpl, choose_linear
+from radixflow.runtime.layers.norm import RMSNorm, RMSNormImpl, choose_rms_norm
+from radixflow.runtime.layers.rotary import (
+    RopeSpec,
+    RotaryEmbedding,
+    RotaryImpl,
+    Rotate,
+    choose_rotary,
+)
+from radixflow.runtime.layers.target import OpsTarget
 
-# (q, k) -> rotated (q, k), built once per forward for the batch's positions
-Rotate = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+logger = logging.getLogger(__name__)
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -32,42 +40,35 @@ SUPPORTED_ARCHITECTURES = (
 )
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-        self.use_triton = False
+@dataclass(frozen=True)
+class ModelOps:
+    """The implementations the model's ops are bound to, chosen once from the target."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.use_triton:
-            from radixflow.kernels.norm import rms_norm
+    rms_norm: RMSNormImpl
+    rotary: RotaryImpl
+    silu_and_mul: SiluAndMulImpl
+    linear: LinearImpl
 
-            return rms_norm(x, self.weight, self.eps)
-        if x.dim() == 2 and x.stride(-1) == 1 and cpu_elementwise.applies(x, self.weight):
-            return cpu_elementwise.rms_norm(x, self.weight, self.eps)
-        # torch's fused kernel accumulates in float32 for low-precision inputs, as HF does.
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+    @classmethod
+    def choose(cls, target: OpsTarget) -> ModelOps:
+        return cls(
+            rms_norm=choose_rms_norm(target),
+            rotary=choose_rotary(target),
+            silu_and_mul=choose_silu_and_mul(target),
+            linear=choose_linear(target),
+        )
 
-    def add_forward(
-        self, x: torch.Tensor, residual: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual); on the CPU kernel path in one pass, the sum
-        written over `residual`."""
-        if (
-            not self.use_triton
-            and x.dim() == 2
-            and x.stride(-1) == 1
-            and residual.stride(-1) == 1
-            and cpu_elementwise.applies(x, residual, self.weight)
-        ):
-            return cpu_elementwise.add_rms_norm(x, residual, self.weight, self.eps)
-        residual = x + residual
-        return self(residual), residual
+    def describe(self) -> str:
+        """One line naming each op's implementation, e.g. `rms_norm=cpu rotary=cpu ...`."""
+        ops = (self.rms_norm, self.rotary, self.silu_and_mul, self.linear)
+        names = ("rms_norm", "rotary", "silu_and_mul", "linear")
+        return " ".join(f"{n}={op.name}" for n, op in zip(names, ops, strict=True))
 
 
 class Attention(nn.Module):
-    def __init__(self, config, layer_id: int, head_dim: int, backend: AttentionBackend) -> None:
+    def __init__(
+        self, config, layer_id: int, head_dim: int, backend: AttentionBackend, ops: ModelOps
+    ) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -75,12 +76,12 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
         bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
-        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias, ops.linear)
+        self.o_proj = Linear(self.q_size, config.hidden_size, False, ops.linear)
         self.qk_norm = config.model_type == "qwen3"
         if self.qk_norm:
-            self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
+            self.q_norm = RMSNorm(head_dim, config.rms_norm_eps, ops.rms_norm)
+            self.k_norm = RMSNorm(head_dim, config.rms_norm_eps, ops.rms_norm)
         window = getattr(config, "sliding_window", None)
         use_window = window and getattr(config, "use_sliding_window", True)
         self.spec = AttentionLayerSpec(
@@ -109,27 +110,26 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, ops: ModelOps) -> None:
         super().__init__()
-        self.intermediate = intermediate
-        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, False, ops.linear)
+        self.down_proj = Linear(intermediate, hidden, False, ops.linear)
+        self.act = ops.silu_and_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        if gate_up.dim() == 2 and cpu_elementwise.applies(gate_up):
-            return self.down_proj(cpu_elementwise.silu_and_mul(gate_up))
-        gate, up = gate_up.split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act.fn(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, layer_id: int, head_dim: int, backend: AttentionBackend) -> None:
+    def __init__(
+        self, config, layer_id: int, head_dim: int, backend: AttentionBackend, ops: ModelOps
+    ) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer_id, head_dim, backend)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config.hidden_size, config.intermediate_size)
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, ops.rms_norm)
+        self.self_attn = Attention(config, layer_id, head_dim, backend, ops)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, ops.rms_norm)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size, ops)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, rotate: Rotate, batch: ForwardBatch
@@ -147,9 +147,14 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Decoder-only transformer; `forward` returns float32 logits for `batch.logits_indices`."""
+    """Decoder-only transformer; `forward` returns float32 logits for `batch.logits_indices`.
 
-    def __init__(self, config, backend: AttentionBackend, max_position: int) -> None:
+    Build it under `torch.device(target.device)`: the RoPE table is made on the default device.
+    """
+
+    def __init__(
+        self, config, backend: AttentionBackend, target: OpsTarget, max_position: int
+    ) -> None:
         super().__init__()
         archs = getattr(config, "architectures", None) or ["LlamaForCausalLM"]
         if archs[0] not in SUPPORTED_ARCHITECTURES:
@@ -161,52 +166,20 @@ class LlamaForCausalLM(nn.Module):
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         )
         self.head_dim = head_dim
+        self.ops = ModelOps.choose(target)
+        logger.info("ops for %s %s: %s", target.device, target.dtype, self.ops.describe())
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, head_dim, backend) for i in range(config.num_hidden_layers)
+            DecoderLayer(config, i, head_dim, backend, self.ops)
+            for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, self.ops.rms_norm)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.rope = RopeSpec.from_config(config, head_dim)
-        self.triton_kernels = False
-        self.register_buffer(
-            "cos_sin_cache", self.rope.cos_sin_cache(max_position), persistent=False
+        self.rotary = RotaryEmbedding(
+            RopeSpec.from_config(config, head_dim), head_dim, max_position, self.ops.rotary
         )
-
-    def use_triton_kernels(self, enabled: bool) -> None:
-        """Run RMSNorm and rotary through the Triton kernels (the CUDA path)."""
-        self.triton_kernels = enabled
-        for module in self.modules():
-            if isinstance(module, RMSNorm):
-                module.use_triton = enabled
-
-    def _rotation(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotate:
-        if self.triton_kernels:
-            from radixflow.kernels.rotary import rotary_embedding
-
-            def rotate(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-                return rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim, True)
-
-            return rotate
-        # Rotation in the activation dtype, as HF does.
-        cos_sin = self.cos_sin_cache.index_select(0, positions).to(dtype)
-        dim = self.rope.rotary_dim
-
-        def rotate_in_place(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return (
-                cpu_elementwise.rotary_neox_(q, cos_sin, dim),
-                cpu_elementwise.rotary_neox_(k, cos_sin, dim),
-            )
-
-        if cpu_elementwise.applies(cos_sin):
-            return rotate_in_place
-
-        def rotate_ref(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return apply_rotary_neox(cos_sin, q, dim), apply_rotary_neox(cos_sin, k, dim)
-
-        return rotate_ref
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -215,13 +188,13 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
-        rotate = self._rotation(batch.positions, x.dtype)
+        rotate = self.rotary.rotation(batch.positions, x.dtype)
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, rotate, batch)
         rows = batch.logits_indices
         x, _ = self.norm.add_forward(x.index_select(0, rows), residual.index_select(0, rows))
-        return linear(x, self.output_weight).float()
+        return self.ops.linear.fn(x, self.output_weight, None).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors in, fusing q/k/v and gate/up; every parameter must be set."""

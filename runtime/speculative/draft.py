@@ -140,7 +140,7 @@ class DraftProposer(Proposer):
     def _drop_retracted(self) -> None:
         """Free the draft KV of requests the scheduler retracted (they hold no row now)."""
         for slot in list(self._slots.values()):
-            if slot.req.row is None:
+            if slot.req.kv.row is None:
                 self.release(slot.req)
 
     def _sync(self, req: Req) -> DraftSlot | None:

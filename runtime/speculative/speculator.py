@@ -5,8 +5,8 @@
                           scheduler feeds [last, d1..dk]
     forward               one extend over the paged prefix, logits for all k+1 positions
     verify(logits, reqs)  greedy match or lossless rejection sampling -> tokens to append
-                          (the engine appends them one by one with its stop checks, then
-                          lowers kv_len past the rejected drafts: their KV is never cached)
+                          (the OutputProcessor appends them one by one with its stop checks, then
+                          rolls req.kv back past the rejected drafts: never cached)
 
 Requests whose logits the sampler adjusts per token (logit_bias, frequency/presence/repetition
 penalties, EOS blocked by min_new_tokens) and requests that return logprobs decode plainly: the
@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from radixflow.grammars import GrammarBudgetExceeded, GrammarMatcher
-from radixflow.kernels.bitmask import apply_token_bitmask, apply_token_bitmask_ref
 from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.layers.token_bitmask import TokenBitmaskImpl, choose_token_bitmask
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.request import Req
 from radixflow.runtime.sampler import Sampler, SamplingBatch
@@ -71,6 +71,7 @@ class Speculator:
         sampler: Sampler,
         vocab_size: int,
         context_length: int,
+        token_bitmask: TokenBitmaskImpl,
     ) -> None:
         if num_tokens < 1:
             raise ValueError(f"speculative_num_tokens must be >= 1, got {num_tokens}")
@@ -83,6 +84,7 @@ class Speculator:
         self.vocab_size = vocab_size
         self.context_length = context_length
         self.mask_words = (vocab_size + 31) // 32
+        self.token_bitmask = token_bitmask
 
     # -- before the step ------------------------------------------------------------------------
     def propose(self, running: list[Req]) -> None:
@@ -187,10 +189,11 @@ class Speculator:
             return
         masks = torch.cat([reqs[i].spec.masks for i in constrained])
         rows = [row for i in constrained for row in range(starts[i], starts[i] + counts[i])]
-        apply = apply_token_bitmask if logits.is_cuda else apply_token_bitmask_ref
         padded = torch.empty((logits.shape[0], self.mask_words), dtype=torch.int32)
         padded[rows] = masks
-        apply(logits, padded.to(logits.device), torch.tensor(rows, device=logits.device))
+        self.token_bitmask.apply(
+            logits, padded.to(logits.device), torch.tensor(rows, device=logits.device)
+        )
 
     def _uniforms(self, req: Req, n: int) -> list[float]:
         generator = req.sampler.generator or self.sampler.generator
@@ -227,4 +230,5 @@ def build_speculator(
         sampler=sampler,
         vocab_size=target.vocab_size,
         context_length=target.context_length,
+        token_bitmask=choose_token_bitmask(target.device),
     )

@@ -20,9 +20,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from radixflow.runtime.openai_protocol import ChatMessage, NamedToolChoice, Tool
 from radixflow.runtime.reasoning_parser import ReasoningParser, ReasoningStream, reasoning_parser
-from radixflow.runtime.serving import APIError
+from radixflow.runtime.server.errors import APIError
+from radixflow.runtime.server.openai_protocol import ChatMessage, NamedToolChoice, Tool
 from radixflow.runtime.tool_parsers import (
     ToolCallParser,
     ToolCallStream,

@@ -1,4 +1,8 @@
-"""Reference attention over the paged KV pool in plain torch (the CPU backend).
+"""Optimised paged attention in torch: SDPA, the compiled CPU decode kernel, cascade decoding.
+
+This is the `--attention-backend torch` choice (the CPU default). Its plain, obviously correct
+twin is attention/reference.py; tests compare the two on random paged batches. One file of
+about 400 lines: the decode, cascade and extend paths share their per-batch row metadata.
 
 Rows with one new token (decode, or the decode part of a mixed batch) are attended by the
 compiled CPU kernel (kernels/cpu_attention.py), which reads K/V straight from the pool through
@@ -77,7 +81,7 @@ class _ExtendRow:
     masks: dict[int, torch.Tensor] = field(default_factory=dict)  # causal mask by window
 
 
-class TorchBackend(AttentionBackend):
+class TorchPagedBackend(AttentionBackend):
     """use_kernel=False keeps decode rows on the SDPA path even where the kernel builds;
     cascade=False attends every decode row over its whole sequence (benchmarks compare both)."""
 

@@ -1,9 +1,10 @@
-"""Request bodies of the OpenAI-compatible routes: every field of OpenAI's spec, validated strictly.
+"""Bodies of /v1/completions and /v1/chat/completions: every field of OpenAI's spec, strictly.
 
 Unknown fields and wrong types are rejected (HTTP 400 naming the field, with a did-you-mean
 hint when a known field is close); ranges that OpenAI documents are checked here under OpenAI's
 names, the rest by `SamplingParams.validate`. Fields that have no meaning on this server are
 accepted and ignored; docs/openai_compat.md lists them, and what is refused and why.
+`StrictModel` is also the base of the /v1/responses bodies (responses_protocol.py).
 """
 
 from __future__ import annotations
@@ -11,21 +12,13 @@ from __future__ import annotations
 import difflib
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Discriminator,
-    Field,
-    Tag,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     """No unknown fields (a 400 naming the field and the closest known one), no coercion."""
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
@@ -60,24 +53,24 @@ def fold_seed(seed: int | None) -> int | None:
     return None if seed is None else seed % 2**64
 
 
-class StreamOptions(_Strict):
+class StreamOptions(StrictModel):
     include_usage: bool = False
     include_obfuscation: bool | None = None  # ignored: no obfuscation padding is sent
 
 
-class JsonSchemaFormat(_Strict):
+class JsonSchemaFormat(StrictModel):
     name: str = Field(max_length=64)
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class _SamplingFields(_Strict):
+class _SamplingFields(StrictModel):
     """What completions and chat completions share, with SGLang's extra fields."""
 
     model: str
@@ -126,12 +119,12 @@ class CompletionRequest(_SamplingFields):
 
 
 # -- messages -------------------------------------------------------------------------------
-class TextPart(_Strict):
+class TextPart(StrictModel):
     type: Literal["text"]
     text: str
 
 
-class RefusalPart(_Strict):
+class RefusalPart(StrictModel):
     type: Literal["refusal"]
     refusal: str
 
@@ -141,22 +134,22 @@ ContentPart = Annotated[TextPart | RefusalPart, Field(discriminator="type")]
 UNSUPPORTED_PARTS = ("image_url", "input_audio", "file")
 
 
-class FunctionCall(_Strict):
+class FunctionCall(StrictModel):
     name: str
     arguments: str
 
 
-class ToolCall(_Strict):
+class ToolCall(StrictModel):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class AudioRef(_Strict):
+class AudioRef(StrictModel):
     id: str
 
 
-class ChatMessage(_Strict):
+class ChatMessage(StrictModel):
     """One message of any role, as clients send them (also an assistant message sent back
     whole: `refusal`, `audio`, `annotations`, `function_call` null)."""
 
@@ -204,28 +197,28 @@ class ChatMessage(_Strict):
 
 
 # -- tools ----------------------------------------------------------------------------------
-class FunctionDef(_Strict):
+class FunctionDef(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class Tool(_Strict):
+class Tool(StrictModel):
     type: Literal["function"]
     function: FunctionDef
 
 
-class NamedFunction(_Strict):
+class NamedFunction(StrictModel):
     name: str
 
 
-class NamedToolChoice(_Strict):
+class NamedToolChoice(StrictModel):
     type: Literal["function"]
     function: NamedFunction
 
 
-class Prediction(_Strict):
+class Prediction(StrictModel):
     type: Literal["content"]
     content: str | list[TextPart]
 
@@ -234,17 +227,17 @@ class AudioOutput(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class AllowedFunction(_Strict):
+class AllowedFunction(StrictModel):
     type: Literal["function"]
     function: NamedFunction
 
 
-class AllowedTools(_Strict):
+class AllowedTools(StrictModel):
     mode: Literal["auto", "required"]
     tools: list[AllowedFunction] = Field(min_length=1)
 
 
-class AllowedToolsChoice(_Strict):
+class AllowedToolsChoice(StrictModel):
     """Calls limited to some of the tools: `mode` over that subset."""
 
     type: Literal["allowed_tools"]
@@ -330,183 +323,3 @@ class ChatCompletionRequest(_SamplingFields):
     def legacy_functions(self) -> bool:
         """Whether the reply must use the legacy `function_call` form."""
         return self.functions is not None
-
-
-# -- the Responses API (POST /v1/responses) -------------------------------------------------
-class InputText(_Strict):
-    type: Literal["input_text", "output_text"]
-    text: str
-    annotations: list[dict[str, Any]] | None = None  # on output_text sent back: ignored
-    logprobs: list[dict[str, Any]] | None = None
-
-
-class InputRefusal(_Strict):
-    type: Literal["refusal"]
-    refusal: str
-
-
-InputPart = Annotated[InputText | InputRefusal, Field(discriminator="type")]
-UNSUPPORTED_INPUT_PARTS = ("input_image", "input_file", "input_audio")
-
-
-class MessageItem(_Strict):
-    """A message of the input: as clients write it, or an output message sent back whole."""
-
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[InputPart]
-    id: str | None = None
-    status: str | None = None
-    phase: str | None = None
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _text_parts_only(cls, content: Any) -> Any:
-        for part in content if isinstance(content, list) else []:
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind in UNSUPPORTED_INPUT_PARTS:
-                raise ValueError(
-                    f"content parts of type {kind!r} are not supported: this model reads text only"
-                )
-        return content
-
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text if isinstance(p, InputText) else p.refusal for p in self.content)
-
-
-class FunctionCallItem(_Strict):
-    """An earlier function call of the model, sent back for a tool round trip."""
-
-    type: Literal["function_call"]
-    call_id: str
-    name: str
-    arguments: str
-    id: str | None = None
-    status: str | None = None
-
-
-class FunctionCallOutputItem(_Strict):
-    """The result of a function call."""
-
-    type: Literal["function_call_output"]
-    call_id: str
-    output: str | list[InputText]
-    id: str | None = None
-    status: str | None = None
-
-    def text(self) -> str:
-        return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
-
-
-class ReasoningItem(_Strict):
-    """An earlier reasoning item sent back; its text is not shown to the model again (chat
-    templates drop earlier turns' reasoning too)."""
-
-    type: Literal["reasoning"]
-    id: str | None = None
-    summary: list[dict[str, Any]] = []
-    content: list[dict[str, Any]] | None = None
-    encrypted_content: str | None = None
-    status: str | None = None
-
-
-def _item_type(item: Any) -> str:
-    """Input items without `type` are messages (EasyInputMessage)."""
-    if isinstance(item, dict):
-        return str(item.get("type", "message"))
-    return str(getattr(item, "type", "message"))
-
-
-InputItem = Annotated[
-    Annotated[MessageItem, Tag("message")]
-    | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
-    | Annotated[ReasoningItem, Tag("reasoning")],
-    Discriminator(_item_type),
-]
-
-
-class FunctionTool(_Strict):
-    type: Literal["function"]
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class FunctionToolChoice(_Strict):
-    type: Literal["function"]
-    name: str
-
-
-class ResponsesAllowedTools(_Strict):
-    """Calls limited to some of the tools (function tools only here)."""
-
-    type: Literal["allowed_tools"]
-    mode: Literal["auto", "required"]
-    tools: list[FunctionToolChoice] = Field(min_length=1)
-
-
-class TextFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
-    name: str | None = Field(None, max_length=64)
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: bool | None = None
-
-
-class TextParam(_Strict):
-    format: TextFormat | None = None
-    verbosity: Literal["low", "medium", "high"] | None = None  # ignored
-
-
-class ResponsesStreamOptions(_Strict):
-    include_obfuscation: bool | None = None  # ignored: no obfuscation padding is sent
-
-
-class ResponsesRequest(_Strict):
-    """POST /v1/responses. Stateless: what needs a stored conversation is refused by name."""
-
-    model: str
-    input: list[InputItem] | str  # the list first: its errors are the ones worth naming
-    instructions: str | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, ge=0, le=1)  # 0: only the most likely token
-    text: TextParam | None = None
-    tools: list[FunctionTool] | None = None
-    tool_choice: (
-        Literal["none", "auto", "required"] | FunctionToolChoice | ResponsesAllowedTools | None
-    ) = None
-    parallel_tool_calls: bool | None = True
-    stream: bool | None = False
-    stream_options: ResponsesStreamOptions | None = None
-    store: bool | None = None  # accepted: nothing is kept (docs/openai_compat.md)
-    metadata: dict[str, str] | None = None
-    user: str | None = None
-    seed: int | None = None  # not in OpenAI's spec; SGLang/vLLM accept it
-    # refused unless null: they need server-side state or features this server lacks
-    previous_response_id: str | None = None
-    conversation: str | dict[str, Any] | None = None
-    prompt: dict[str, Any] | None = None
-    background: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    # accepted and ignored (docs/openai_compat.md says why)
-    include: list[str] | None = None
-    reasoning: dict[str, Any] | None = None
-    truncation: Literal["auto", "disabled"] | None = None
-    max_tool_calls: int | None = Field(None, ge=1)
-    service_tier: str | None = None  # OpenAI adds tiers over time: any name
-    prompt_cache_key: str | None = None
-    prompt_cache_retention: Literal["in-memory", "24h", "in_memory"] | None = None
-    prompt_cache_options: dict[str, Any] | None = None
-    safety_identifier: str | None = None
-    moderation: dict[str, Any] | None = None
-    context_management: list[dict[str, Any]] | None = None
-
-    @field_validator("seed")
-    @classmethod
-    def _fold_seed(cls, seed: int | None) -> int | None:
-        return fold_seed(seed)

@@ -15,64 +15,29 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
-from radixflow.runtime.http_guard import Keys
 from radixflow.runtime.io_struct import GenerateInput, GenerateItem, InputError
-from radixflow.runtime.metrics import ServerMetrics, StreamTimer
 from radixflow.runtime.request import LogprobRequest
+from radixflow.runtime.server.errors import APIError
+from radixflow.runtime.server.limits import CHARS_PER_TOKEN, ServerLimits
+from radixflow.runtime.server.metrics import ServerMetrics, StreamTimer
+from radixflow.runtime.server.request_guard import Keys
 from radixflow.runtime.text import check_encodable
 
 if TYPE_CHECKING:
     from radixflow.runtime.engine import Engine
 
 
-class APIError(Exception):
-    """An error answered to the client: status, message and the request field at fault."""
-
-    def __init__(
-        self,
-        message: str,
-        status: int = 400,
-        param: str | None = None,
-        type: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.param = param
-        self.type = type
-
-    @classmethod
-    def from_value_error(cls, exc: ValueError, default_param: str | None = None) -> APIError:
-        """Wrap an engine ValueError: an `InputError` names its field, any other's first quoted
-        identifier does."""
-        if isinstance(exc, InputError):
-            return cls(str(exc), 400, exc.field)
-        found = re.search(r"'([A-Za-z_][\w.]*)'", str(exc))
-        return cls(str(exc), 400, found.group(1) if found else default_param)
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.status,
-            }
-        }
-
-
 @dataclass
 class LogprobArgs:
+    """The logprob fields of one request, as a route collects them."""
+
     return_logprob: bool = False
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None
@@ -85,42 +50,6 @@ class LogprobArgs:
             "top_logprobs_num": self.top_logprobs_num,
             "token_ids_logprob": self.token_ids_logprob,
         }
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    """What one HTTP request may ask for; each is a `radixflow serve` flag."""
-
-    max_body_bytes: int = 16 * 2**20
-    max_prompt_chars: int | None = None  # None: CHARS_PER_TOKEN x the context length
-    max_requests_per_call: int = 256  # prompts x n
-
-    def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_prompt_chars", "max_requests_per_call"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-
-
-# Tokens longer than this many characters on average are rare enough to refuse such prompts
-# before tokenizing them (tokenizing megabytes holds a CPU for seconds).
-CHARS_PER_TOKEN = 16
-
-
-def json_text(payload: Any) -> str:
-    """Strict JSON (no NaN or Infinity) that encodes as UTF-8: a lone surrogate a client sent,
-    echoed in an error, is written as its escape."""
-    text = json.dumps(payload, ensure_ascii=False, allow_nan=False)
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        text = json.dumps(payload, allow_nan=False)
-    return text
-
-
-def sse(payload: dict[str, Any]) -> str:
-    """One server-sent event carrying a JSON object."""
-    return f"data: {json_text(payload)}\n\n"
 
 
 class EngineClient:
@@ -337,20 +266,6 @@ class EngineStream:
             if i not in self.finished:
                 self.client.engine.abort(s.rid)
         self.client._release(self.batch)
-
-
-class SSEResponse(StreamingResponse):
-    """A server-sent event stream that closes its `EngineStream` however the response ends."""
-
-    def __init__(self, content: AsyncIterator[str], stream: EngineStream) -> None:
-        super().__init__(content, media_type="text/event-stream")
-        self.stream = stream
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.stream.close()
 
 
 @dataclass

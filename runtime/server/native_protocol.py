@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from radixflow.runtime.serving import APIError, LogprobArgs
+from radixflow.runtime.server.engine_client import LogprobArgs
+from radixflow.runtime.server.errors import APIError
 
 MAX_TOP_LOGPROBS = 100
 

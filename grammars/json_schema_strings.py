@@ -1,0 +1,154 @@
+"""JSON strings as regex IR: characters and escapes, formats, constrained strings, spellings.
+
+Strings use the shortest JSON escapes (`\\"`, `\\\\`, `\\n`, `\\u001f`, ...); a `pattern` or
+`format` is built over code points, intersected with `minLength`/`maxLength` or an exclusion
+exactly (`regex_algebra`), then mapped to JSON string characters (`json_chars`).
+"""
+
+from __future__ import annotations
+
+import json
+
+from .nfa import Deadline
+from .regex_algebra import ANY_CHAR, combine, restrict_length
+from .regex_algebra import exclude_words as exclude_words_from
+from .regex_ir import (
+    Alt,
+    Chars,
+    Repeat,
+    Seq,
+    alt,
+    chars,
+    complement,
+    intersect,
+    literal,
+    map_chars,
+    normalize,
+    parse_regex,
+    parse_search_regex,
+    seq,
+    star,
+    subtract,
+)
+from .regex_terms import NEVER
+
+_HEX = chars("0-9a-fA-F")
+_SPECIAL = normalize([(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])
+_PLAIN = Chars(complement(_SPECIAL))
+_ANY_CHAR = Chars(ANY_CHAR)
+JSON_CHAR = alt(
+    _PLAIN, seq(literal("\\"), chars('"\\\\/bfnrt')), seq(literal("\\u"), _HEX, _HEX, _HEX, _HEX)
+)
+_DATE = (
+    r"([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+    r"|02-(0[1-9]|1[0-9]|2[0-8]))"
+    r"|([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29)"
+)
+_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"
+_H16 = r"[0-9a-fA-F]{1,4}"
+_IPV6 = rf"(({_H16}:){{7}}{_H16}|(({_H16}:){{0,6}}{_H16})?::(({_H16}:){{0,6}}{_H16})?)"
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = rf"{_LABEL}(\.{_LABEL})*"
+FORMATS = {
+    "date-time": rf"{_DATE}T{_TIME}",
+    "date": _DATE,
+    "time": _TIME,
+    "email": rf"[A-Za-z0-9!#$%&'*+/=?^_`{{|}}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{{|}}~-]+)*@{_HOSTNAME}",
+    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    "uri": r"[A-Za-z][A-Za-z0-9+.-]*:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+",
+    "ipv4": _IPV4,
+    "ipv6": _IPV6,
+    "hostname": _HOSTNAME,
+}
+
+
+def _escape_char(cp: int) -> str:
+    return json.dumps(chr(cp))[1:-1]
+
+
+_JSON_CHARS: dict[tuple, object] = {}
+
+
+def json_chars(node: Chars):
+    """One string-content character from `node`, as it appears inside a JSON string."""
+    got = _JSON_CHARS.get(node.ranges)
+    if got is None:
+        plain = subtract(node.ranges, _SPECIAL)
+        escaped = [literal(_escape_char(cp)) for lo, hi in intersect(node.ranges, _SPECIAL)
+                   for cp in range(lo, hi + 1)]  # fmt: skip
+        got = Alt((Chars(plain), *escaped)) if escaped else Chars(plain)
+        if len(_JSON_CHARS) < 4096:
+            _JSON_CHARS[node.ranges] = got
+    return got
+
+
+def json_string_literal(text: str) -> Seq:
+    """`text` as a JSON string literal (quotes included)."""
+    return literal(json.dumps(text, ensure_ascii=False))
+
+
+def compact_json(value) -> str:
+    """`value` as JSON text without whitespace (the generated form of enum/const values)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def string_ir(
+    schema: dict,
+    where: str,
+    deadline: Deadline,
+    exclude: str | None = None,
+    exclude_words: list[str] | None = None,
+):
+    """A JSON string; `exclude` is a pattern it must not match, `exclude_words` values."""
+    pattern, fmt = schema.get("pattern"), schema.get("format")
+    lo, hi = int(schema.get("minLength", 0)), schema.get("maxLength")
+    hi = None if hi is None else int(hi)
+    if fmt is not None and fmt not in FORMATS:
+        raise ValueError(f"{where}: unsupported string format {fmt!r}")
+    parts = [parse_search_regex(pattern)] if pattern is not None else []
+    parts += [parse_regex(FORMATS[fmt])] if fmt is not None else []
+    if not parts and exclude is None and not exclude_words:
+        return seq(literal('"'), Repeat(JSON_CHAR, lo, hi), literal('"'))
+    ir = parts[0] if len(parts) == 1 else star(_ANY_CHAR)
+    if len(parts) == 2:
+        ir = combine(parts, all, deadline)
+    if exclude is not None:
+        keep = lambda got: got[0] and not got[1]  # noqa: E731
+        ir = combine([ir, parse_search_regex(exclude)], keep, deadline)
+    if exclude_words:
+        ir = exclude_words_from(ir, exclude_words, deadline)
+    if lo or hi is not None:
+        ir = restrict_length(ir, lo, hi, deadline)
+    if ir is NEVER:
+        return NEVER
+    return seq(literal('"'), map_chars(ir, json_chars), literal('"'))
+
+
+def _hex_ir(value: int):
+    """The four hex digits of `value`, either case."""
+    return seq(*(chars(c + c.upper()) if c.isalpha() else literal(c) for c in f"{value:04x}"))
+
+
+def spellings(value):
+    """Every JSON text of the scalar `value` that the generated form may contain."""
+    if value is None or isinstance(value, bool):
+        return literal(compact_json(value))
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return alt(literal(str(int(value))), *([literal("-0")] if value == 0 else []))
+    if not isinstance(value, str):
+        raise ValueError("only strings, booleans, null and integers are supported")
+    parts = []
+    for ch in value:
+        cp = ord(ch)
+        forms = [literal("\\u"), _hex_ir(cp)] if cp <= 0xFFFF else None
+        options = [seq(*forms)] if forms else []
+        if cp > 0xFFFF:
+            hi, lo = 0xD800 + ((cp - 0x10000) >> 10), 0xDC00 + ((cp - 0x10000) & 0x3FF)
+            options.append(seq(literal("\\u"), _hex_ir(hi), literal("\\u"), _hex_ir(lo)))
+        options.append(literal(_escape_char(cp) if cp < 0x20 or ch in '"\\' else ch))
+        if ch == "/":
+            options.append(literal("\\/"))
+        parts.append(alt(*options))
+    return seq(literal('"'), *parts, literal('"'))

@@ -1,0 +1,32 @@
+"""What the ops are chosen for: the device, the dtype and whether Triton kernels run."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from radixflow.kernels.cpu_build import cpu_kernels_available
+
+CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class OpsTarget:
+    """triton: run the Triton kernels (on CUDA, or the interpreter under TRITON_INTERPRET); it
+    follows the attention backend, so the model's ops and its attention agree."""
+
+    device: torch.device
+    dtype: torch.dtype
+    triton: bool = False
+
+    @functools.cached_property
+    def cpu_kernels(self) -> bool:
+        """The C++ CPU kernels apply: a CPU model in one of their dtypes, and the library built
+        for this CPU's instruction set (compiled here on first use)."""
+        return (
+            self.device.type == "cpu"
+            and self.dtype in CPU_KERNEL_DTYPES
+            and cpu_kernels_available()
+        )
