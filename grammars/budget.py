@@ -26,7 +26,8 @@ class GrammarBudgetExceeded(ValueError):
 
 @dataclass(frozen=True)
 class GrammarLimits:
-    """What one grammar may build once compiled, and how long one matcher call may work.
+    """What one grammar may build once compiled, and how long one matcher call may work; also
+    how deep the values a JSON Schema leaves free may nest (part of the grammar's language).
 
     The engine's `grammar_<field>` knobs set these (same defaults).
     """
@@ -37,6 +38,9 @@ class GrammarLimits:
     max_chart_items: int = 1_000_000  # items in all of a grammar's Earley sets
     max_mb: float = 128.0  # MiB a grammar's automata may grow by after compilation
     step_timeout: float = 5.0  # seconds of automaton work in one matcher call
+    # Arrays/objects a JSON value the schema leaves free may nest. The NFA is built eagerly,
+    # one copy per level and use (2**depth states each), so the default stays small.
+    free_value_depth: int = 3
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -15,6 +15,7 @@ from .budget import GrammarLimits
 from .cfg import GrammarAutomaton, bnf_from_ebnf
 from .gbnf import gbnf_to_lark
 from .json_schema import schema_to_ir
+from .json_schema_resolve import canonical_schema
 from .lark_import import lark_to_bnf
 from .matcher import CompiledGrammar
 from .nfa import Deadline
@@ -181,14 +182,20 @@ class GrammarCompiler:
             except re.error as exc:
                 raise ValueError(f"invalid whitespace_pattern: {exc}") from None
 
+        # Built from the canonical form, so that the key (equal for keyword orders that do not
+        # change the language) fully determines the grammar.
+        canonical = canonical_schema(schema)
+
         def build(deadline: Deadline) -> ByteAutomaton:
-            ir, defs = schema_to_ir(schema, whitespace_pattern, deadline)
+            ir, defs = schema_to_ir(
+                canonical, whitespace_pattern, deadline, self.limits.free_value_depth
+            )
             if not defs:
                 return RegexAutomaton(ir, deadline)
             defs = {"start": ir, **defs}
             return GrammarAutomaton(bnf_from_ebnf(defs, "start", deadline), deadline)
 
-        return json.dumps([schema, whitespace_pattern]), build
+        return json.dumps([canonical, whitespace_pattern]), build
 
     def _plan_lark(self, text: str) -> tuple[str, Build]:
         if not isinstance(text, str):

@@ -2,24 +2,34 @@
 
 The parts: `json_schema_resolve` (keyword vocabulary, `$ref` resolution, `allOf` merging),
 `json_schema_strings` and `json_schema_numbers` (scalar translators), `json_schema_objects`
-(objects), `json_schema_disjoint` (the `oneOf` proof); here: dispatch, `$ref`s, combinators,
-arrays and the free "any JSON value".
+(objects and arrays), `json_schema_disjoint` (the `oneOf` proof); here: dispatch, `$ref`s,
+combinators, enums and the free "any JSON value".
 
 Generated form (what a model is made to write):
 - compact by default: no whitespace anywhere, e.g. `{"a":1,"b":[1,2]}`; with `whitespace_pattern`
   (a regex) that pattern is allowed after `{`, `[`, `,` and `:`, and before `}`, `]`, `,`, `:`;
-- object properties in `properties` order, optional ones skippable; additional properties
-  (allowed unless `additionalProperties` is false) come after the declared ones, with keys
-  different from the declared ones;
+- object properties in `properties` order, optional ones skippable; where an `anyOf`/`oneOf`
+  branch is merged with its parent's own properties, the branch's own properties may
+  interleave with the parent's, each side in its order (the rule: `json_schema_objects`);
+  additional properties (allowed unless `additionalProperties` is false) come after the
+  declared ones, with keys different from the declared ones;
 - strings use the shortest JSON escapes (`\\"`, `\\\\`, `\\n`, `\\u001f`, ...) and never
   `\\uXXXX` for characters that need no escape inside constrained keys;
 - integers without fraction or exponent; numbers with a fraction and exponent allowed, except
-  that bounded numbers use no exponent (bounds must be integer-valued); bounds must be finite
-  numbers of at most `MAX_BOUND_DIGITS` digits (any finite double), and the range becomes a
-  regex of size quadratic in the digits at most (`uint_range_regex`);
+  that bounded numbers and `multipleOf` use no exponent (a bound at 0 alone keeps it); bounds
+  and `multipleOf` are exact decimals, and ranges and multiples become regexes polynomial in
+  their digits, within the limits `json_schema_numbers` names;
 - values the schema leaves free (`{}`, `true`, extra properties, items without a schema) are any
-  JSON value nested at most `ANY_VALUE_DEPTH` arrays/objects deep, so the language stays regular;
-- `enum`/`const` values are written compactly.
+  JSON value nested at most `free_depth` arrays/objects deep (`GrammarLimits.free_value_depth`,
+  the `grammar_free_value_depth` knob), so the language stays regular: one definition per
+  depth, each built from the one below and shared by every use (the IR is a DAG of size
+  linear in the depth; the NFA, built eagerly, still copies each level per continuation,
+  which is why the default depth is small);
+- `enum`/`const` values are written compactly;
+- `uniqueItems` on arrays whose elements have finitely many values (enum/const/boolean/null):
+  the arrays of distinct values, built when the sets of values an array may hold number at
+  most `json_schema_objects.MAX_UNIQUE_STATES`; with other items it raises unless
+  `maxItems` <= 1;
 - `patternProperties`: names not declared are written after the declared ones; a name's value
   follows every pattern it matches (or `additionalProperties` if none); `minProperties` and
   `maxProperties` count declared and extra pairs alike;
@@ -45,53 +55,62 @@ specification and are ignored.
 
 from __future__ import annotations
 
+from .budget import GrammarLimits
 from .disjoint import check_disjoint
 from .json_schema_disjoint import DisjointProver, json_common
 from .json_schema_numbers import NUMBER, check_numbers, integer_ir, number_ir
-from .json_schema_objects import DEPENDENCY_KEYS, ObjectConverter
+from .json_schema_objects import (
+    DEPENDENCY_KEYS,
+    PROPERTY_CHAINS,
+    ContainerConverter,
+    interleaved,
+)
 from .json_schema_resolve import HANDLED, TYPES, UNSUPPORTED, SchemaResolver
 from .json_schema_strings import FORMATS, JSON_CHAR, compact_json, spellings, string_ir
 from .nfa import CompileTimeout, Deadline
 from .regex_algebra import combine
-from .regex_ir import EMPTY, Alt, Ref, Repeat, alt, literal, opt, parse_regex, seq, star
+from .regex_ir import EMPTY, Alt, Ref, alt, literal, opt, parse_regex, seq, star
 from .regex_terms import NEVER
 
-ANY_VALUE_DEPTH = 3
 
-
-class SchemaConverter(ObjectConverter):
+class SchemaConverter(ContainerConverter):
     """Walks one schema; `convert` returns IR, recursive `$ref`s land in `defs`."""
 
-    def __init__(self, root, whitespace_pattern: str | None, deadline: Deadline):
+    def __init__(self, root, whitespace_pattern: str | None, deadline: Deadline, free_depth: int):
         self.deadline = deadline
         self.schemas = SchemaResolver(root, deadline)
         self.ws = EMPTY if whitespace_pattern is None else parse_regex(whitespace_pattern)
         self.defs: dict[str, object] = {}
         self._recursive: set[str] = set()
         self._ref_ir: dict[str, object] = {}
-        self._any = [self._scalar()]
-        for _ in range(ANY_VALUE_DEPTH):
-            inner = self._any[-1]
-            self._any.append(alt(self._scalar(), self._array_of(inner), self._object_of(inner)))
+        self._converted: dict[int, object] = {}  # IR by `SchemaResolver.key` of the schema
+        self._any = self._free_values(free_depth)
 
     # ---- helpers -------------------------------------------------------------------------
     def _tok(self, text: str):
         return seq(self.ws, literal(text), self.ws)
 
-    def _scalar(self):
-        return alt(self._string_plain(), NUMBER, literal("true"), literal("false"), literal("null"))
+    def _free_values(self, depth: int) -> list:
+        """Free values nesting at most 0, 1, ..., `depth` arrays/objects.
 
-    def _string_plain(self):
-        return seq(literal('"'), star(JSON_CHAR), literal('"'))
-
-    def _array_of(self, item):
-        body = seq(item, star(seq(self._tok(","), item)))
-        return seq(literal("["), self.ws, opt(seq(body, self.ws)), literal("]"))
-
-    def _object_of(self, value):
-        pair = seq(self._string_plain(), self._tok(":"), value)
-        body = seq(pair, star(seq(self._tok(","), pair)))
-        return seq(literal("{"), self.ws, opt(seq(body, self.ws)), literal("}"))
+        Each level is built from the one below and shares every other node with it, so the
+        IR stays small and linear in the depth; the NFA built from it has a copy of each
+        level per continuation (2**depth copies of a scalar per use)."""
+        string = seq(literal('"'), star(JSON_CHAR), literal('"'))
+        comma, colon = self._tok(","), self._tok(":")
+        open_array, open_object = seq(literal("["), self.ws), seq(literal("{"), self.ws)
+        close_array, close_object = literal("]"), literal("}")
+        scalar = alt(string, NUMBER, literal("true"), literal("false"), literal("null"))
+        levels = [scalar]
+        for _ in range(depth):
+            inner = levels[-1]
+            items = seq(inner, star(seq(comma, inner)))
+            pair = seq(string, colon, inner)
+            pairs = seq(pair, star(seq(comma, pair)))
+            array = seq(open_array, opt(seq(items, self.ws)), close_array)
+            obj = seq(open_object, opt(seq(pairs, self.ws)), close_object)
+            levels.append(alt(scalar, array, obj))
+        return levels
 
     def any_value(self):
         return self._any[-1]
@@ -105,6 +124,18 @@ class SchemaConverter(ObjectConverter):
             return NEVER
         if not isinstance(schema, dict):
             raise ValueError(f"{where}: a schema must be an object or a boolean, got {schema!r}")
+        # Each distinct sub-schema is translated once; its IR is shared by every use.
+        key = self.schemas.key(schema)
+        got = self._converted.get(key)
+        if got is None:
+            self.schemas.enter(where)
+            try:
+                got = self._converted[key] = self._convert_object(schema, where)
+            finally:
+                self.schemas.leave()
+        return got
+
+    def _convert_object(self, schema: dict, where: str):
         unknown = sorted(set(schema) & UNSUPPORTED)
         if unknown:
             raise ValueError(f"{where}: unsupported JSON Schema keyword(s): {', '.join(unknown)}")
@@ -153,6 +184,9 @@ class SchemaConverter(ObjectConverter):
         return literal("null") if kind == "null" else alt(literal("true"), literal("false"))
 
     def _ref(self, ref: str, where: str):
+        """A `$ref` target's IR, translated once and shared by every use (a `Ref` rule when
+        the target refers to itself)."""
+        ref, target = self.schemas.follow(ref, where)
         if ref in self.schemas.stack:
             self._recursive.add(ref)
             return Ref(ref)
@@ -161,7 +195,7 @@ class SchemaConverter(ObjectConverter):
         if ref in self._ref_ir:
             return self._ref_ir[ref]
         self.schemas.stack.append(ref)
-        ir = self.convert(self.schemas.resolve(ref, where), ref)
+        ir = self.convert(target, ref)
         self.schemas.stack.pop()
         if ref in self._recursive:
             self.defs[ref] = ir
@@ -214,13 +248,20 @@ class SchemaConverter(ObjectConverter):
             if types == ["string"]:
                 words = [v for v in values if isinstance(v, str)]
                 return string_ir(pos, where, self.deadline, exclude_words=words)
+            # The excluded values are scalars: arrays and objects are kept whole, uncombined.
+            nested = [t for t in types if t in ("array", "object")]
+            flat = [t for t in types if t not in nested]
+            parts = [self.convert({**pos, "type": nested}, where)] if nested else []
+            scalars = self.convert({**pos, "type": flat}, where) if flat else None
             try:
                 spelled = Alt(tuple(spellings(v) for v in values))
-                return combine(
-                    [self.convert(pos, where), spelled],
-                    lambda got: got[0] and not got[1],
-                    self.deadline,
-                )
+                if scalars is not None:
+                    parts.append(
+                        combine(
+                            [scalars, spelled], lambda got: got[0] and not got[1], self.deadline
+                        )
+                    )
+                return Alt(tuple(parts))
             except CompileTimeout:
                 raise
             except ValueError as exc:
@@ -234,11 +275,16 @@ class SchemaConverter(ObjectConverter):
         key = "anyOf" if "anyOf" in schema else "oneOf"
         if "anyOf" in schema and "oneOf" in schema:
             raise ValueError(f"{where}: anyOf together with oneOf is not supported")
-        rest = {k: v for k, v in schema.items() if k != key and k in HANDLED}
+        rest = {
+            k: v for k, v in schema.items() if k != key and (k in HANDLED or k == PROPERTY_CHAINS)
+        }
         branches, schemas = [], []
         for i, sub in enumerate(schema[key]):
             merged = (
-                self.schemas.merge(rest, self.schemas.inline(sub, f"{where}/{key}/{i}"), where)
+                interleaved(
+                    rest,
+                    self.schemas.merge(rest, self.schemas.inline(sub, f"{where}/{key}/{i}"), where),
+                )
                 if rest
                 else sub
             )
@@ -268,55 +314,27 @@ class SchemaConverter(ObjectConverter):
                     ) from None
 
     def _enum(self, schema, where: str):
+        return Alt(tuple(literal(compact_json(v)) for v in self._enum_values(schema, where)))
+
+    def _enum_values(self, schema, where: str) -> list:
+        """The `enum`/`const` values that the schema's other keywords allow, one per text."""
         values = [schema["const"]] if "const" in schema else list(schema["enum"])
         if "const" in schema and "enum" in schema:
             values = json_common(values, list(schema["enum"]))
+        by_text: dict[str, object] = {}
+        for value in values:
+            by_text.setdefault(compact_json(value), value)
         rest = {k: v for k, v in schema.items() if k not in ("enum", "const") and k in HANDLED}
-        texts = list(dict.fromkeys(compact_json(v) for v in values))
         if rest:
             from .automaton import RegexAutomaton
 
             automaton = RegexAutomaton(self.convert(rest, where), self.deadline)
-            texts = [t for t in texts if _matches(automaton, t.encode("utf-8"), self.deadline)]
-        return Alt(tuple(literal(t) for t in texts))
-
-    # ---- types ---------------------------------------------------------------------------
-    def _array(self, schema, where):
-        items = schema.get("items")
-        if isinstance(items, list):  # draft 4 tuple form
-            prefix, tail = items, schema.get("additionalItems", True)
-        else:
-            prefix = schema.get("prefixItems", [])
-            tail = True if items is None else items  # additionalItems applies to arrays only
-        elems = [self.convert(s, f"{where}/prefixItems/{i}") for i, s in enumerate(prefix)]
-        tail_ir = None if tail is False else self.convert(tail, f"{where}/items")
-        lo, hi = int(schema.get("minItems", 0)), schema.get("maxItems")
-        hi = None if hi is None else int(hi)
-        sep = self._tok(",")
-        k = len(elems)
-
-        def rest(i: int):  # continuation after i emitted elements
-            if hi is not None and i >= hi:
-                return EMPTY if i >= lo else NEVER
-            if i >= k:
-                if tail_ir is None:
-                    return EMPTY if i >= lo else NEVER
-                return Repeat(seq(sep, tail_ir), max(lo - i, 0), None if hi is None else hi - i)
-            more = seq(sep, elems[i], rest(i + 1))
-            return alt(more, EMPTY) if i >= lo else more
-
-        if k:
-            first = seq(elems[0], rest(1))
-        elif tail_ir is not None:
-            first = seq(tail_ir, rest(1))
-        else:
-            first = NEVER
-        if hi == 0:
-            first = NEVER
-        options = [seq(literal("["), self.ws, first, self.ws, literal("]"))]
-        if lo == 0:
-            options.append(seq(literal("["), self.ws, literal("]")))
-        return Alt(tuple(options))
+            by_text = {
+                t: v
+                for t, v in by_text.items()
+                if _matches(automaton, t.encode("utf-8"), self.deadline)
+            }
+        return list(by_text.values())
 
 
 def _matches(automaton, data: bytes, deadline: Deadline) -> bool:
@@ -329,12 +347,19 @@ def _matches(automaton, data: bytes, deadline: Deadline) -> bool:
     return automaton.is_accepting(state)
 
 
-def schema_to_ir(schema, whitespace_pattern: str | None, deadline: Deadline):
-    """(IR of the top-level value, {ref: IR} of recursive definitions; empty when regular)."""
+def schema_to_ir(
+    schema,
+    whitespace_pattern: str | None,
+    deadline: Deadline,
+    free_depth: int = GrammarLimits.free_value_depth,
+):
+    """(IR of the top-level value, {ref: IR} of recursive definitions; empty when regular).
+
+    Values the schema leaves free nest at most `free_depth` arrays/objects deep."""
     if not isinstance(schema, (dict, bool)):
         raise ValueError(
             f"a JSON schema must be an object or a boolean, got {type(schema).__name__}"
         )
-    conv = SchemaConverter(schema, whitespace_pattern, deadline)
+    conv = SchemaConverter(schema, whitespace_pattern, deadline, free_depth)
     ir = conv.convert(schema)
     return ir, conv.defs

@@ -1,23 +1,84 @@
-"""JSON Schema objects -> regex IR: properties in order, counts, pattern properties, dependencies.
+"""JSON Schema objects and arrays -> regex IR: property order, counts, pattern properties,
+dependencies; array items, their counts and `uniqueItems`.
 
 Mixed into `SchemaConverter` (see `json_schema` for the generated form). Property names are
 built at the code point level and mapped to JSON string characters afterwards, so names that
 match a `patternProperties` pattern, match none, or are not declared are exact regular sets
 (`regex_algebra.combine`).
+
+Property order: the declared properties are split into chains, each written in its own
+order, and the chains interleave freely. A plain object has one chain (`properties` order,
+then names only in `required`). Where an `anyOf`/`oneOf` branch is merged with its parent
+schema's own properties, the parent's properties are one chain and the properties only the
+branch declares are another (`interleaved`): with parent `{a, b}` and branch `{c, d}`, the
+orders a b c d, c d a b and a c b d are accepted, b a and d c are not. A property both
+declare belongs to the parent's chain. The chains are carried to the object by the private
+schema key `PROPERTY_CHAINS`; when interleaving would need more than `MAX_INTERLEAVINGS`
+positions, the chains are written one after another (the merged schema's declared order).
+Properties not declared come after all declared ones.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 
-from .json_schema_strings import json_chars, json_string_literal
+from .json_schema_disjoint import json_key
+from .json_schema_strings import compact_json, json_chars, json_string_literal
 from .regex_algebra import ANY_CHAR, combine, exclude_words, search
-from .regex_ir import EMPTY, Alt, Chars, Repeat, literal, map_chars, parse_search_regex, seq, star
+from .regex_ir import (
+    EMPTY,
+    Alt,
+    Chars,
+    Repeat,
+    alt,
+    literal,
+    map_chars,
+    parse_search_regex,
+    seq,
+    star,
+)
 from .regex_terms import NEVER
 
 MAX_DEPENDENCY_CASES = 64
 ANY_NAME = star(Chars(ANY_CHAR))
 DEPENDENCY_KEYS = ("dependencies", "dependentRequired", "dependentSchemas")
+# Not a JSON Schema keyword ("$" names are reserved to the specification, so no user schema
+# sets it by accident): [[key, ...], ...], the chains of a merged schema's properties.
+PROPERTY_CHAINS = "$radixflowPropertyChains"
+MAX_INTERLEAVINGS = 256  # product over the chains of (length + 1): the object's positions
+MAX_UNIQUE_STATES = 4096  # sets of values an array with uniqueItems may have written
+
+
+def interleaved(parent: dict, merged):
+    """`merged` (`parent` merged into an `anyOf`/`oneOf` branch), marked so that the
+    properties only the branch declares form a chain of their own."""
+    if not isinstance(merged, dict) or not isinstance(merged.get("properties"), dict):
+        return merged
+    chains = parent.get(PROPERTY_CHAINS) or [list(parent.get("properties", {}))]
+    known = {key for chain in chains for key in chain}
+    own = [key for key in merged["properties"] if key not in known]
+    if not own or not known:
+        return merged
+    return {**merged, PROPERTY_CHAINS: [*chains, own]}
+
+
+def property_chains(schema: dict, keys: list[str]) -> list[list[str]]:
+    """`keys` (in declared order) split into the chains that `schema` marks; keys no chain
+    names join the last chain."""
+    wanted, chains = set(keys), []
+    for chain in schema.get(PROPERTY_CHAINS, []):
+        chains.append([key for key in chain if key in wanted])
+        wanted -= set(chains[-1])
+    left = [key for key in keys if key in wanted]
+    if chains:
+        chains[-1] += left
+    else:
+        chains.append(left)
+    chains = [chain for chain in chains if chain]
+    if math.prod(len(chain) + 1 for chain in chains) > MAX_INTERLEAVINGS:
+        return [[key for chain in chains for key in chain]]
+    return chains
 
 
 def _dependency_parts(schema, where: str) -> dict[str, tuple[list, list]]:
@@ -35,8 +96,8 @@ def _dependency_parts(schema, where: str) -> dict[str, tuple[list, list]]:
     return out
 
 
-class ObjectConverter:
-    """The object part of `SchemaConverter`."""
+class ContainerConverter:
+    """The object and array part of `SchemaConverter`."""
 
     def _dependency_cases(self, schema, where: str):
         """`schema` with dependencies split into cases by which trigger properties are present."""
@@ -80,7 +141,7 @@ class ObjectConverter:
 
         declared = [(k, schema_of(k, props[k])) for k in props]
         declared += [(k, schema_of(k, None)) for k in dict.fromkeys(required) if k not in props]
-        entries = []
+        entries = {}
         for key, sub in declared:
             value = self.convert(sub, f"{where}/properties/{key}")
             if value is NEVER or sub is False:
@@ -88,7 +149,8 @@ class ObjectConverter:
                     return NEVER
                 continue
             pair = seq(json_string_literal(key), self._tok(":"), value)
-            entries.append((pair, key in required))
+            entries[key] = (pair, key in required)
+        chains = [[entries[k] for k in chain] for chain in property_chains(schema, list(entries))]
         extra = self._extra_pair([k for k, _ in declared], patterns, extra_schema, where)
         lo, hi = int(schema.get("minProperties", 0)), schema.get("maxProperties")
         hi = None if hi is None else int(hi)
@@ -112,26 +174,35 @@ class ObjectConverter:
             memo[key] = out
             return out
 
-        def rest(i: int, count: int, first: bool):
-            """Pairs from entry i on, `count` pairs written so far (no separator if `first`)."""
-            key = (i, count, first)
-            if key in memo:
-                return memo[key]
-            if i == len(entries):
-                out = extras(first, count)
-            else:
-                pair, req = entries[i]
-                head = pair if first else seq(sep, pair)
-                take = (
-                    NEVER
-                    if hi is not None and count >= hi
-                    else seq(head, rest(i + 1, min(count + 1, cap), False))
-                )
-                out = take if req else Alt((take, rest(i + 1, count, first)))
-            memo[key] = out
-            return out
-
-        return seq(literal("{"), self.ws, rest(0, 0, True), self.ws, literal("}"))
+        # rest[at, count, first]: the pairs from chain positions `at` on, `count` pairs written
+        # so far (no separator before the next if `first`): the next pair of any chain, or
+        # that pair skipped if optional. Built from the end (positions in decreasing order),
+        # so every continuation exists before it is used and nothing recurses per property.
+        rest: dict[tuple[tuple[int, ...], int, bool], object] = {}
+        for at in itertools.product(*(range(len(chain), -1, -1) for chain in chains)):
+            self.deadline.check()
+            done = all(i == len(chain) for i, chain in zip(at, chains, strict=True))
+            for count in range(min(cap, sum(at)) + 1):
+                for first in (True, False) if count == 0 else (False,):
+                    if done:
+                        rest[at, count, first] = extras(first, count)
+                        continue
+                    options = []
+                    for c, i in enumerate(at):
+                        if i == len(chains[c]):
+                            continue
+                        pair, req = chains[c][i]
+                        after = (*at[:c], i + 1, *at[c + 1 :])
+                        if hi is None or count < hi:
+                            head = pair if first else seq(sep, pair)
+                            options.append(seq(head, rest[after, min(count + 1, cap), False]))
+                        if not req:
+                            options.append(rest[after, count, first])
+                    rest[at, count, first] = (
+                        options[0] if len(options) == 1 else Alt(tuple(options))
+                    )
+        start = rest[(0,) * len(chains), 0, True]
+        return seq(literal("{"), self.ws, start, self.ws, literal("}"))
 
     def _extra_pair(self, declared: list[str], patterns: list, extra_schema, where: str):
         """IR of one `"name":value` pair for a property not declared, or None if none may be."""
@@ -160,3 +231,102 @@ class ObjectConverter:
                 continue
             options.append(seq(self._name_ir(names), self._tok(":"), value))
         return Alt(tuple(options)) if options else None
+
+    # ---- arrays ----------------------------------------------------------------------------
+    def _array(self, schema, where):
+        items = schema.get("items")
+        if isinstance(items, list):  # draft 4 tuple form
+            prefix, tail = items, schema.get("additionalItems", True)
+        else:
+            prefix = schema.get("prefixItems", [])
+            tail = True if items is None else items  # additionalItems applies to arrays only
+        lo, hi = int(schema.get("minItems", 0)), schema.get("maxItems")
+        hi = None if hi is None else int(hi)
+        unique = schema.get("uniqueItems", False)
+        if not isinstance(unique, bool):
+            raise ValueError(f"{where}: uniqueItems must be a boolean, got {unique!r}")
+        if unique and (hi is None or hi > 1):
+            return self._unique_array(prefix, tail, lo, hi, where)
+        elems = [self.convert(s, f"{where}/prefixItems/{i}") for i, s in enumerate(prefix)]
+        tail_ir = None if tail is False else self.convert(tail, f"{where}/items")
+        sep = self._tok(",")
+        k = len(elems)
+
+        def rest(i: int):  # continuation after i emitted elements
+            if hi is not None and i >= hi:
+                return EMPTY if i >= lo else NEVER
+            if i >= k:
+                if tail_ir is None:
+                    return EMPTY if i >= lo else NEVER
+                return Repeat(seq(sep, tail_ir), max(lo - i, 0), None if hi is None else hi - i)
+            more = seq(sep, elems[i], rest(i + 1))
+            return alt(more, EMPTY) if i >= lo else more
+
+        if k:
+            first = seq(elems[0], rest(1))
+        elif tail_ir is not None:
+            first = seq(tail_ir, rest(1))
+        else:
+            first = NEVER
+        if hi == 0:
+            first = NEVER
+        return self._brackets(first, lo)
+
+    def _brackets(self, first, lo: int):
+        """`[` elements `]`, where `first` is the IR from the first element on; `[]` if lo is 0."""
+        options = [seq(literal("["), self.ws, first, self.ws, literal("]"))]
+        if lo == 0:
+            options.append(seq(literal("["), self.ws, literal("]")))
+        return Alt(tuple(options))
+
+    def _unique_array(self, prefix: list, tail, lo: int, hi: int | None, where: str):
+        """Arrays of pairwise different elements (`uniqueItems`), each from a finite value set.
+
+        The state after some elements is the set of values written, so there are as many
+        states as sets of at most `maxItems` values: more than `MAX_UNIQUE_STATES` raises.
+        """
+        slots = [self._finite_values(s, f"{where}/prefixItems/{i}") for i, s in enumerate(prefix)]
+        others = {} if tail is False else self._finite_values(tail, f"{where}/items")
+        universe = set(others).union(*slots)
+        top = len(universe) if hi is None else min(hi, len(universe))
+        if sum(math.comb(len(universe), j) for j in range(top + 1)) > MAX_UNIQUE_STATES:
+            raise ValueError(
+                f"{where}: uniqueItems over {len(universe)} values needs more than "
+                f"{MAX_UNIQUE_STATES} states (MAX_UNIQUE_STATES)"
+            )
+        sep = self._tok(",")
+        memo: dict[frozenset, object] = {}
+
+        def elements(used: frozenset):
+            """The elements after those in `used` (each but the first after a separator)."""
+            if used not in memo:
+                i = len(used)
+                options = [EMPTY] if i >= lo else []
+                choices = (slots[i] if i < len(slots) else others) if hi is None or i < hi else {}
+                for key, spelled in choices.items():
+                    if key not in used:
+                        head = spelled if i == 0 else seq(sep, spelled)
+                        options.append(seq(head, elements(used | {key})))
+                memo[used] = Alt(tuple(options))
+            return memo[used]
+
+        return self._brackets(elements(frozenset()), lo)
+
+    def _finite_values(self, schema, where: str) -> dict[str, object]:
+        """{JSON value key: IR of its spellings} of an enum/const/boolean/null schema."""
+        schema = self.schemas.inline(schema, where)
+        if schema is False:
+            return {}
+        types = schema.get("type") if isinstance(schema, dict) else None
+        types = [types] if isinstance(types, str) else types
+        if types and set(types) <= {"boolean", "null"} and not {"enum", "const"} & set(schema):
+            schema = {**schema, "enum": [False, True, None]}
+        if not isinstance(schema, dict) or not {"enum", "const"} & set(schema):
+            raise ValueError(
+                f"{where}: uniqueItems is supported for items that are enum/const/boolean/null "
+                "values (or with maxItems <= 1)"
+            )
+        spelled: dict[str, list] = {}
+        for value in self._enum_values(schema, where):
+            spelled.setdefault(json_key(value), []).append(literal(compact_json(value)))
+        return {key: Alt(tuple(texts)) for key, texts in spelled.items()}

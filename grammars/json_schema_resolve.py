@@ -1,12 +1,26 @@
-"""JSON Schema normalisation: the keyword vocabulary, local `$ref` resolution, `allOf` merging.
+"""JSON Schema normalisation: the keyword vocabulary, canonical form, `$ref` resolution, `allOf`.
 
 Works on schemas only (no regex IR): `SchemaResolver.merge` folds `allOf` parts (and a `$ref`
 with sibling keywords) into one schema that the converter then translates.
+
+Canonical form (`canonical_schema`, the compiler's cache key): the keywords of every schema
+object sorted; what is order-sensitive kept as written: the names of `properties` (their order
+is the order the generated text writes them in) and of the other name-to-schema maps, every
+array, and data (`const`, `enum`, `default`, `examples`). Two schemas with the same canonical
+form have the same language. `SchemaResolver.key` numbers schema objects by structure (equal
+structure, equal number) so that the converter translates each distinct sub-schema once.
+
+Nothing here recurses with depth proportional to the input: the canonical form and keys are
+iterative, the document may nest at most `MAX_DOCUMENT_DEPTH` arrays/objects, and conversion
+and merging may nest at most `MAX_SCHEMA_DEPTH` levels (`$ref` chains included; a chain of
+bare `{"$ref": ...}` schemas is followed in a loop and costs one level); past either a
+`ValueError` names the limit.
 """
 
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Hashable
 
 from .json_schema_disjoint import json_common
 from .json_schema_numbers import check_numbers
@@ -19,16 +33,69 @@ HANDLED = {
     "allOf", "$ref", "items", "prefixItems", "additionalItems", "minItems", "maxItems",
     "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
     "exclusiveMaximum", "patternProperties", "minProperties", "maxProperties", "dependencies",
-    "dependentRequired", "dependentSchemas", "not",
+    "dependentRequired", "dependentSchemas", "not", "uniqueItems", "multipleOf",
 }  # fmt: skip
 # Keywords with validation meaning (drafts 3 to 2020-12) that are not implemented: they raise.
 # Keywords outside the JSON Schema vocabularies are annotations by the spec and change nothing.
 UNSUPPORTED = {
     "if", "then", "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
-    "uniqueItems", "multipleOf", "$dynamicRef", "$recursiveRef", "$recursiveAnchor", "extends",
+    "$dynamicRef", "$recursiveRef", "$recursiveAnchor", "extends",
     "disallow", "divisibleBy",
 }  # fmt: skip
 TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
+
+MAX_SCHEMA_DEPTH = 128  # nested conversions/merges (~4 Python frames each)
+MAX_DOCUMENT_DEPTH = 2 * MAX_SCHEMA_DEPTH  # arrays/objects in the schema document
+# Keywords whose value maps names to schemas (names kept in order) or is data (kept as is).
+NAME_MAPS = {
+    "properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies",
+}  # fmt: skip
+DATA = {"const", "enum", "default", "examples", "example"}
+
+
+def _too_deep(where: str, what: str, limit: int, knob: str) -> ValueError:
+    return ValueError(
+        f"{where}: {what} is nested too deeply: more than {limit} levels ({knob}, kept well "
+        "below Python's recursion limit)"
+    )
+
+
+def canonical_schema(schema):
+    """A copy of `schema` in canonical form (see module docstring); raises past
+    `MAX_DOCUMENT_DEPTH`."""
+    # Post-order over an explicit stack: (node, kind, depth, path); kind is "schema", "map"
+    # (names to schemas) or "data" (left as written).
+    done: dict[tuple[int, str], object] = {}
+    stack = [(schema, "schema", 0, "#", False)]
+    while stack:
+        node, kind, depth, path, expanded = stack.pop()
+        if kind == "data" or not isinstance(node, (dict, list)) or (id(node), kind) in done:
+            continue
+        if depth > MAX_DOCUMENT_DEPTH:
+            raise _too_deep(path, "the schema document", MAX_DOCUMENT_DEPTH, "MAX_DOCUMENT_DEPTH")
+        children = _children(node, kind)
+        if not expanded:
+            stack.append((node, kind, depth, path, True))
+            stack += [(c, k, depth + 1, f"{path}/{n}", False) for n, c, k in children]
+            continue
+        items = [(n, c if k == "data" else done.get((id(c), k), c)) for n, c, k in children]
+        if isinstance(node, list):
+            done[id(node), kind] = [c for _n, c in items]
+        else:
+            done[id(node), kind] = dict(sorted(items) if kind == "schema" else items)
+    return done.get((id(schema), "schema"), schema)
+
+
+def _children(node, kind: str) -> list[tuple[object, object, str]]:
+    """(name, child, child's kind) for a dict or list of the given kind."""
+    if isinstance(node, list):
+        return [(i, c, kind) for i, c in enumerate(node)]
+    if kind == "map":
+        return [(k, c, "schema") for k, c in node.items()]
+    return [
+        (k, c, "map" if k in NAME_MAPS else "data" if k in DATA else "schema")
+        for k, c in node.items()
+    ]
 
 
 class SchemaResolver:
@@ -38,6 +105,59 @@ class SchemaResolver:
         self.root = root
         self.deadline = deadline
         self.stack: list[str] = []  # $refs whose conversion is under way (the converter's)
+        self.depth = 0  # conversions and merges under way, nested (`enter`)
+        self._keys: dict[int, tuple[object, int]] = {}  # id -> (node kept alive, key)
+        self._shapes: dict[Hashable, int] = {}
+
+    def enter(self, where: str) -> None:
+        """One more nested conversion or merge; raises past `MAX_SCHEMA_DEPTH` (pair with
+        `leave`)."""
+        if self.depth >= MAX_SCHEMA_DEPTH:
+            raise _too_deep(where, "the schema ($ref chains and allOf merges included)",
+                            MAX_SCHEMA_DEPTH, "MAX_SCHEMA_DEPTH")  # fmt: skip
+        self.depth += 1
+
+    def leave(self) -> None:
+        self.depth -= 1
+
+    def key(self, node) -> int:
+        """A number equal for structurally equal JSON values (keys in the order written)."""
+        got = self._keys.get(id(node))
+        if got is not None:
+            return got[1]
+        stack = [(node, False)]
+        while stack:
+            item, expanded = stack.pop()
+            if id(item) in self._keys:
+                continue
+            values = list(item.values()) if isinstance(item, dict) else item
+            if not expanded:
+                stack.append((item, True))
+                stack += [(v, False) for v in values if isinstance(v, (dict, list))]
+                continue
+            parts = tuple(self._leaf(v) for v in values)
+            shape = (tuple(item), parts) if isinstance(item, dict) else (None, parts)
+            self._keys[id(item)] = (item, self._shapes.setdefault(shape, len(self._shapes)))
+        return self._keys[id(node)][1]
+
+    def _leaf(self, value) -> Hashable:
+        if isinstance(value, (dict, list)):
+            return self._keys[id(value)][1]
+        return (type(value).__name__, value)
+
+    def follow(self, ref: str, where: str) -> tuple[str, object]:
+        """(last $ref, its target) along a chain of bare `{"$ref": ...}` schemas; raises on a
+        chain that comes back to itself (a schema with no content)."""
+        first, seen = ref, {ref}
+        target = self.resolve(ref, where)
+        while isinstance(target, dict) and _bare_ref(target):
+            self.deadline.check()
+            ref = target["$ref"]
+            if ref in seen:
+                raise ValueError(f"{where}: $ref {first!r} refers back to itself ({ref!r})")
+            seen.add(ref)
+            target = self.resolve(ref, where)
+        return ref, target
 
     def resolve(self, ref: str, where: str):
         """The subschema a local `$ref` (a JSON pointer fragment) points to."""
@@ -76,6 +196,13 @@ class SchemaResolver:
             return b
         if b is True or b == {}:
             return a
+        self.enter(where)
+        try:
+            return self._merge(a, b, where)
+        finally:
+            self.leave()
+
+    def _merge(self, a, b, where: str):
         self.deadline.check()
         b = self.inline(b, where)
         for part in (a, b):
@@ -151,3 +278,10 @@ def _unlisted_schema(patterns: dict | None, additional, key: str, deadline: Dead
     """What applies to property `key` of an object whose `properties` do not list it."""
     hits = [s for p, s in (patterns or {}).items() if search(p, key, deadline)]
     return {"allOf": hits} if hits else additional
+
+
+def _bare_ref(schema: dict) -> bool:
+    """True for `{"$ref": ...}` with annotations at most (no other keyword)."""
+    return "$ref" in schema and not any(
+        k != "$ref" and (k in HANDLED or k in UNSUPPORTED) for k in schema
+    )

@@ -20,6 +20,12 @@ that state, and so on down while the chain of states stays that way (a JSON stri
 state loops; under `maxLength` it counts). Those depths walk only the other nodes; a plain
 node gets its value written only where a child needs it, and a plain token is alive when the
 chain is alive at its depth. Plain nodes are most of the trie.
+
+Shortcut for free text: when the start state loops on every plain byte and reads well-formed
+UTF-8 characters back to itself (free JSON string content; `WalkTable.text_states` checks the
+automaton against `TEXT_MOVES` state by state), every token whose bytes are text is allowed
+and its state is known from its UTF-8 phase, so the walk reads only the nodes that are not
+text (those with a quote, a backslash, a control byte or broken UTF-8 in their prefix).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import torch
 
 from .automaton import ByteAutomaton
 from .states import DICT_ENTRY_BYTES
-from .tokenizer_index import PLAIN_BYTES, TokenizerIndex
+from .tokenizer_index import PLAIN_BYTES, TEXT_MOVES, TokenizerIndex
 
 _DEAD = 0
 _PENDING = -1
@@ -56,10 +62,30 @@ class WalkTable:
         self.flat = np.full(257 * 256, _PENDING, dtype=np.int32)
         self.flat[:256] = _DEAD
         self._plain: dict[int, int | None] = {}
+        self._text: dict[int, list[int] | None] = {}
 
     @property
     def nbytes(self) -> int:
-        return self.flat.nbytes + len(self._plain) * DICT_ENTRY_BYTES
+        return self.flat.nbytes + (len(self._plain) + len(self._text)) * DICT_ENTRY_BYTES
+
+    def text_states(self, state: int) -> list[int] | None:
+        """The state after text in each UTF-8 phase from `state` (phase 0 = `state`), when
+        `state` reads text as `TEXT_MOVES` says (each move's bytes lead to one same state,
+        back to `state` after each whole character); else None."""
+        if state in self._text:
+            return self._text[state]
+        got: list[int] | None = None
+        if self.plain_successor(state) == state:
+            got = [state] + [-1] * max(nxt for _at, _data, nxt in TEXT_MOVES)
+            for at, data, nxt in TEXT_MOVES:
+                targets = self.automaton.row(got[at])[data]
+                target = int(targets[0])
+                if target < 0 or (targets != target).any() or got[nxt] not in (-1, target):
+                    got = None
+                    break
+                got[nxt] = target
+        self._text[state] = got
+        return got
 
     def plain_successor(self, state: int) -> int | None:
         """The state every plain byte leads `state` to (-1 = dead), None if they differ."""
@@ -172,11 +198,43 @@ def _plain_depths(
     return d
 
 
+def text_values(index: TokenizerIndex, table: WalkTable, states: list[int]) -> np.ndarray:
+    """Walk values of the nodes that are not text (0 = dead), from the states after text in
+    each UTF-8 phase (`WalkTable.text_states`); text nodes without such a child stay 0."""
+    values = np.zeros(index.num_nodes + 1, dtype=np.int32)
+    by_phase = np.array([table.value(s) for s in states], dtype=np.int32)
+    values[index.text_feed_nodes] = by_phase.take(index.text_feed_phase)
+    starts = index.rough_start
+    for d in range(1, starts.shape[0] - 1):
+        lo, hi = starts[d], starts[d + 1]
+        if lo < hi:
+            step = values.take(index.rough_parent[lo:hi])
+            np.add(step, index.rough_byte[lo:hi], out=step)
+            values[index.rough_nodes[lo:hi]] = table.step(step)
+    return values
+
+
 def compute_mask(index: TokenizerIndex, table: WalkTable, state: int) -> np.ndarray:
     """Packed int32[num_words] mask of the tokens allowed in `state` (EOS when accepting)."""
+    text = table.text_states(state)
+    if text is not None:
+        # Text tokens are all allowed: start from their packed mask, add the others alive.
+        values = text_values(index, table, text)
+        words = index.text_words.copy()
+        alive = index.rough_tokens[values.take(index.rough_token_nodes) != _DEAD]
+        _set_bits(words, alive)
+        if table.automaton.is_accepting(state):
+            _set_bits(words, np.array(index.eos_ids, dtype=np.int64))
+        return words
     values, plain_alive = node_values(index, table, state)
     allowed = values.take(index.mask_node) != _DEAD
     allowed |= plain_alive.take(index.mask_depth)
     if table.automaton.is_accepting(state):
         allowed[list(index.eos_ids)] = True
     return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
+
+
+def _set_bits(words: np.ndarray, tokens: np.ndarray) -> None:
+    """Set the bits of `tokens` in a packed int32 mask."""
+    bits = np.left_shift(np.uint32(1), (tokens & 31).astype(np.uint32))
+    np.bitwise_or.at(words.view(np.uint32), tokens >> 5, bits)

@@ -195,6 +195,8 @@ class GrammarMatcher:
         if state == _TERMINATED:
             return ""
         data = self.grammar.forced_bytes(state)
+        if data and 0x80 <= data[0] < 0xC0:  # the rest of a character a token began: no text
+            return ""
         return codecs.getincrementaldecoder("utf-8")().decode(data, final=False)
 
     @_failing_for_good

@@ -20,6 +20,14 @@ but `"` and `\\`, the bytes that leave JSON string content alone): `plain_nodes`
 begins in them; `other_parent` and `other_byte` are the parent and byte of each other node;
 `feed_nodes` / `feed_start` the plain nodes with a child that is not plain; `mask_depth[i]`
 the depth of mask bit i's token node when that node is plain, else 0.
+
+A second split is by whether a node's prefix is JSON string text: plain bytes and well-formed
+UTF-8 (a last character may be incomplete). `text_phase[n]` is where in a UTF-8 character the
+prefix ends (the phase of `TEXT_MOVES`, 0 = between characters; `NOT_TEXT` for the other
+nodes); `rough_nodes` / `rough_start` / `rough_parent` / `rough_byte` list the nodes that are
+not text by depth, `text_feed_nodes` (with `text_feed_phase`) the text nodes with a child that
+is not, `text_words` the packed mask of the tokens that are text, and `rough_tokens` /
+`rough_token_nodes` the tokens that are not (ids, nodes).
 """
 
 from __future__ import annotations
@@ -32,6 +40,34 @@ from dataclasses import dataclass
 import numpy as np
 
 PLAIN_BYTES = np.array([b for b in range(0x20, 0x7F) if b not in b'"\\'], dtype=np.uint8)
+NOT_TEXT = 255
+
+
+def _text_moves() -> list[tuple[int, np.ndarray, int]]:
+    """(phase, bytes, next phase) of well-formed UTF-8 over plain ASCII: phase 0 is between
+    characters; each lead byte group (its own second-byte range) has phases of its own."""
+    cont = range(0x80, 0xC0)
+    groups = [  # (lead bytes, second bytes, character length)
+        (range(0xC2, 0xE0), cont, 2),
+        ([0xE0], range(0xA0, 0xC0), 3),
+        ([*range(0xE1, 0xED), 0xEE, 0xEF], cont, 3),
+        ([0xED], range(0x80, 0xA0), 3),  # no surrogates
+        ([0xF0], range(0x90, 0xC0), 4),
+        (range(0xF1, 0xF4), cont, 4),
+        ([0xF4], range(0x80, 0x90), 4),  # nothing past U+10FFFF
+    ]
+    moves = [(0, PLAIN_BYTES, 0)]
+    phases = 1
+    for leads, second, length in groups:
+        moves.append((0, np.array(leads, dtype=np.uint8), phases))
+        for k in range(length - 1):
+            nxt = 0 if k == length - 2 else phases + 1
+            moves.append((phases, np.array(second if k == 0 else cont, dtype=np.uint8), nxt))
+            phases += 1
+    return moves
+
+
+TEXT_MOVES = _text_moves()
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
@@ -77,6 +113,16 @@ class TokenizerIndex:
     feed_nodes: np.ndarray  # int32
     feed_start: np.ndarray  # int64[max token length + 2]
     mask_depth: np.ndarray  # int32[num_words * 32]
+    text_phase: np.ndarray  # uint8[num_nodes]
+    rough_nodes: np.ndarray  # int32
+    rough_start: np.ndarray  # int64[max token length + 2]
+    rough_parent: np.ndarray  # int32
+    rough_byte: np.ndarray  # uint8
+    text_feed_nodes: np.ndarray  # int32
+    text_feed_phase: np.ndarray  # uint8
+    text_words: np.ndarray  # int32[num_words]
+    rough_tokens: np.ndarray  # int64
+    rough_token_nodes: np.ndarray  # int64
 
     @property
     def num_words(self) -> int:
@@ -181,6 +227,21 @@ def _build_index(token_bytes: list[bytes | None], eos_ids: tuple[int, ...]) -> T
     plain_depth = np.where(plain, depth, 0)
     mask_depth = np.zeros(words * 32, dtype=np.int32)
     mask_depth[: len(token_bytes)] = np.where(token_node >= 0, plain_depth[token_node], 0)
+    phase = np.zeros(n, dtype=np.uint8)
+    moves = np.full((256, 256), NOT_TEXT, dtype=np.uint8)
+    for at, data, nxt in TEXT_MOVES:
+        moves[at, data] = nxt
+    for d in range(1, depth_start.shape[0] - 1):
+        lo, hi = depth_start[d], depth_start[d + 1]
+        phase[lo:hi] = moves[phase[parent[lo:hi]], byte[lo:hi]]
+    text = phase != NOT_TEXT
+    rough_nodes = np.flatnonzero(~text)
+    text_feed = np.zeros(n, dtype=bool)
+    text_feed[parent[rough_nodes]] = True
+    text_feed_nodes = np.flatnonzero(text_feed & text)
+    mask_text = np.zeros(words * 32, dtype=bool)
+    mask_text[: len(token_bytes)] = (token_node >= 0) & text[np.maximum(token_node, 0)]
+    rough_tokens = np.flatnonzero((token_node >= 0) & ~text[np.maximum(token_node, 0)])
     return TokenizerIndex(
         vocab_size=len(token_bytes),
         token_bytes=tuple(token_bytes),
@@ -201,6 +262,16 @@ def _build_index(token_bytes: list[bytes | None], eos_ids: tuple[int, ...]) -> T
         feed_nodes=feed_nodes.astype(np.int32),
         feed_start=np.searchsorted(depth[feed_nodes], levels),
         mask_depth=mask_depth,
+        text_phase=phase,
+        rough_nodes=rough_nodes.astype(np.int32),
+        rough_start=np.searchsorted(depth[rough_nodes], levels),
+        rough_parent=parent[rough_nodes].astype(np.int32),
+        rough_byte=byte[rough_nodes],
+        text_feed_nodes=text_feed_nodes.astype(np.int32),
+        text_feed_phase=phase[text_feed_nodes],
+        text_words=np.packbits(mask_text, bitorder="little").view("<i4").astype(np.int32),
+        rough_tokens=rough_tokens,
+        rough_token_nodes=token_node[rough_tokens],
     )
 
 

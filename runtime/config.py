@@ -13,7 +13,7 @@ SGLang's `launch_server` spellings are accepted too, by the CLI and by
 | --host, --port, --api-key, --served-model-name, --log-level | server options (`radixflow serve`) |
 | --tp-size, --dp-size, --nnodes, --pp-size | only 1 (anything else: error) |
 | --kv-cache-dtype | only auto; --quantization: only none (error otherwise) |
-| --grammar-backend | accepted, logged: radixflow's own grammar engine runs |
+| --grammar-backend xgrammar / llguidance | the same knob (outlines, none: error) |
 | --enable-metrics, --enable-cache-report | accepted, logged: always on here |
 | --trust-remote-code, --disable-cuda-graph, --cuda-graph-max-bs, --cuda-graph-bs, --enable-torch-compile, --torch-compile-max-bs, --disable-overlap-schedule, --enable-mixed-chunk, --skip-server-warmup, --stream-interval, --watchdog-timeout, --decode-log-interval, --log-level-http, --disable-custom-all-reduce, --sampling-backend, --load-format | accepted, logged as ignored: they tune machinery this engine does not have |
 
@@ -121,6 +121,11 @@ class EngineConfig:
         _GRAMMAR.max_chart_items, "items in all the Earley sets of one grammar (its chart)"
     )
     grammar_max_mb: float = _knob(_GRAMMAR.max_mb, "MiB one grammar may grow by after compiling")
+    grammar_free_value_depth: int = _knob(
+        _GRAMMAR.free_value_depth,
+        "arrays/objects a JSON value that a JSON Schema leaves free may nest (`{}`, extra "
+        "properties, items without a schema)",
+    )
     grammar_cache_mb: float = _knob(
         DEFAULT_CACHE_MB,
         "MiB of compiled grammars kept by source; least recently used dropped first",
@@ -132,6 +137,17 @@ class EngineConfig:
         "",
         "directories (separated by ':') whose .lark files request grammars may %import, besides "
         "the grammars bundled with lark; relative imports are always refused",
+    )
+    grammar_backend: str = _knob(
+        "radixflow",
+        'constrained-decoding engine: radixflow\'s own, or a peer (pip install "radixflow[NAME]")',
+        ("radixflow", "llguidance", "xgrammar"),
+    )
+    grammar_backend_fallback: str | None = _knob(
+        None,
+        "backend that compiles the grammars grammar_backend refuses (an unsupported keyword, a "
+        "limit, the compile timeout); logged once per grammar",
+        ("radixflow", "llguidance", "xgrammar"),
     )
     jump_forward: bool = _knob(
         True, "append text a grammar forces in one extend step instead of decoding it"
@@ -186,6 +202,11 @@ class EngineConfig:
                 "speculative_draft_model is set but speculative_algorithm is "
                 f'{self.speculative_algorithm!r}, not "draft"'
             )
+        if self.grammar_backend_fallback == self.grammar_backend:
+            raise ValueError(
+                f"grammar_backend_fallback must differ from grammar_backend "
+                f"({self.grammar_backend!r})"
+            )
         if self.speculative_max_batch < 1:
             raise ValueError(
                 f"speculative_max_batch must be >= 1, got {self.speculative_max_batch}"
@@ -239,7 +260,6 @@ SGLANG_SINGLE_VALUE: dict[str, tuple[Any, str]] = {
 # knob -> (takes a value on the command line, why it is ignored)
 SGLANG_IGNORED: dict[str, tuple[bool, str]] = {
     **{k: (True, why) for k, (_, why) in SGLANG_SINGLE_VALUE.items()},
-    "grammar_backend": (True, "radixflow's own grammar engine runs"),
     "enable_metrics": (False, "/metrics is always served"),
     "enable_cache_report": (False, "cached_tokens is always reported"),
     "trust_remote_code": (False, "no model code is ever loaded from the checkpoint"),
@@ -290,7 +310,8 @@ def startup_summary(engine: Any) -> str:
         f"model {engine.model_dir} | dtype {str(engine.runner.dtype).removeprefix('torch.')} | "
         f"device {engine.runner.device} | kernels {_kernels(engine)} | KV pool "
         f"{pool.capacity_tokens} tokens ({gib:.2f} GiB) | context {engine.context_length} | "
-        f"attention {engine.runner.attention_backend} | grammar backend radixflow | "
+        f"attention {engine.runner.attention_backend} | grammar backend "
+        f"{engine.config.grammar_backend} (fallback {engine.config.grammar_backend_fallback}) | "
         f"chat template {engine.config.chat_template or 'from the model'} | tool-call parser "
         f"{engine.config.tool_call_parser} | reasoning parser {engine.config.reasoning_parser}"
     )

@@ -5,6 +5,11 @@ generate / async_generate ──inbox──►  admit, abort ─► Scheduler.sc
       ▲                                  ModelRunner.forward ─► OutputProcessor.process
       └──────── per-request sinks ◄───── finished / streamed requests (retired here)
 
+A constrained request is posted as soon as its grammar starts compiling (on the grammar pool):
+its prompt prefills meanwhile, all but the last token, and the engine gives it its matcher when
+the compile is done; the caller waits for the compile too, and on failure aborts the request
+and raises the error.
+
 Longer than the ~400 lines a module should hold because most of it is the SGLang-shaped public
 API, whose nine arguments are spelled out in `generate`, `async_generate` and `make_input`.
 """
@@ -13,13 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import gc
 import itertools
 import logging
 import threading
 import weakref
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,7 +41,7 @@ from radixflow.runtime.io_struct import (
     GenerateInput,
     InputLimits,
 )
-from radixflow.runtime.model_loader import load_checkpoint
+from radixflow.runtime.model_loader import Checkpoint, load_checkpoint
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.output_processor import LogitRows, OutputProcessor
 from radixflow.runtime.request import Req
@@ -42,6 +49,9 @@ from radixflow.runtime.request_builder import RequestBuilder
 from radixflow.runtime.sampler import Sampler
 from radixflow.runtime.scheduler import Scheduler, SchedulerLimits
 from radixflow.runtime.speculative import Speculator, build_speculator
+
+if TYPE_CHECKING:
+    from radixflow.grammars.backends import Grammar
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +82,10 @@ class Engine:
         self.tokenizer = checkpoint.tokenizer
         self.model_dir = checkpoint.model_dir
         self.runner = ModelRunner(self.config, checkpoint)
+        # The hundreds of thousands of long-lived objects torch and transformers leave behind
+        # would be rescanned by every full collection (about 0.3 s, stalling a step): move
+        # them out of the collector's view.
+        gc.freeze()
         self.vocab_size = self.runner.vocab_size
         self.model_context_length = self.runner.context_length
         # SGLang's max request length: the KV pool caps it too, so one request always fits.
@@ -107,6 +121,8 @@ class Engine:
             workers=self.config.grammar_compile_workers,
             import_paths=self.config.grammar_import_paths,
             device=self.runner.device,
+            backend=self.config.grammar_backend,
+            fallback=self.config.grammar_backend_fallback,
         )
         self._requests = RequestBuilder(
             self.tokenizer, self.limits, self.eos_token_ids, self.grammars
@@ -122,6 +138,7 @@ class Engine:
             jump_forward=self.config.jump_forward,
         )
         self._inbox = Inbox()
+        self._compiling: list[Req] = []  # requests whose grammar compiles (engine thread)
         self._stopped = False
         self.stats = {
             "requests": 0,
@@ -166,9 +183,16 @@ class Engine:
             token_ids_logprob,
         )
         reqs = self._requests.reqs(inp)
-        for req, compiled in self._requests.compile_grammars(reqs):
-            req.grammar = compiled.result().matcher()
+        compiling = self._start_compiling(reqs)
         sinks = self._inbox.submit(reqs, None)
+        try:
+            for future in compiling:
+                future.result()
+        except BaseException:
+            self._abort_all(reqs)
+            for sink in sinks:  # the rids are free again once the aborts are answered
+                sink.wait_final()
+            raise
         if inp.stream:
             return sinks[0].stream()
         return _shape([s.wait_final() for s in sinks], inp)
@@ -208,9 +232,17 @@ class Engine:
             raise RuntimeError("the engine has been shut down")
         loop = asyncio.get_running_loop()
         reqs = self._requests.reqs(inp)
-        for req, compiled in self._requests.compile_grammars(reqs):
-            req.grammar = (await asyncio.wrap_future(compiled)).matcher()
+        compiling = self._start_compiling(reqs)
         sinks = self._inbox.submit(reqs, loop)
+        try:
+            for future in compiling:
+                await asyncio.wrap_future(future)
+        except BaseException as exc:
+            self._abort_all(reqs)
+            if not isinstance(exc, asyncio.CancelledError):
+                for sink in sinks:  # the rids are free again once the aborts are answered
+                    await sink.wait_final_async()
+            raise
         if inp.stream:
             return sinks[0].stream_async(lambda: self.abort(reqs[0].rid))
         try:
@@ -260,6 +292,20 @@ class Engine:
         """Stop a request; it finishes with finish_reason type 'abort'."""
         self._inbox.post(rid)
 
+    def _abort_all(self, reqs: list[Req]) -> None:
+        for req in reqs:
+            self.abort(req.rid)
+
+    def _start_compiling(self, reqs: list[Req]) -> list[Future[Grammar | None]]:
+        """Start compiling the grammars of constrained requests; the engine prefills their
+        prompts meanwhile and gives each its matcher when its compile is done."""
+        compiling = []
+        for req, future in self._requests.compile_grammars(reqs):
+            req.grammar_compiling = future
+            future.add_done_callback(lambda _: self._inbox.wake())
+            compiling.append(future)
+        return compiling
+
     def shutdown(self) -> None:
         if self._stopped:
             return
@@ -267,6 +313,7 @@ class Engine:
         self._inbox.wake()
         self._thread.join(timeout=30)
         self.grammars.shutdown()
+        gc.unfreeze()  # what __init__ froze can be collected again (at exit too)
 
     def __enter__(self) -> Engine:
         return self
@@ -333,7 +380,8 @@ class Engine:
                 self._inbox.wait(timeout=0.5)
                 continue
             try:
-                self.step()
+                if not self.step():  # requests wait for their grammars: a compile wakes us
+                    self._inbox.wait(timeout=0.01)
             except Exception as exc:  # a bug must not hang callers: fail what was running
                 logger.exception("engine step failed")
                 for req in list(self.scheduler.running):
@@ -363,8 +411,24 @@ class Engine:
                 self.stats["pinned_tokens"] = self.kv.pinned_tokens
                 item.done.put(None)
             else:
-                self.scheduler.add(self._inbox.open(item))
+                req = self._inbox.open(item)
+                if req.grammar_compiling is not None:
+                    self._compiling.append(req)
+                self.scheduler.add(req)
                 self.stats["requests"] += 1
+
+    def _install_grammars(self) -> None:
+        """Give each request whose grammar has compiled its matcher. A failed compile leaves
+        its request parked: the caller, who gets the error, aborts it."""
+        for req in list(self._compiling):
+            future = req.grammar_compiling
+            if future is not None and not future.done():
+                continue
+            self._compiling.remove(req)
+            grammar = None if future is None or future.exception() else future.result()
+            if grammar is not None:
+                req.grammar = grammar.matcher()
+                req.grammar_compiling = None
 
     def _abort_now(self, rid: str) -> None:
         for req in itertools.chain(self.scheduler.running, self.scheduler.waiting):
@@ -373,16 +437,19 @@ class Engine:
                 self._finish(req, FinishReason.abort("aborted by request", AbortCause.CANCELLED))
                 return
 
-    def step(self) -> None:
-        """One round: schedule, run the model, process its logits, retire what finished."""
+    def step(self) -> bool:
+        """One round: schedule, run the model, process its logits, retire what finished.
+        False when nothing could run (every request waits for its grammar)."""
+        self._install_grammars()
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
         step = self.scheduler.schedule()
         for req in self.scheduler.failed:
+            assert req.finish_reason is not None  # the scheduler's abort
             self._finish(req, req.finish_reason)
         self.scheduler.failed.clear()
         if step is None:
-            return
+            return False
         self.stats["steps"] += 1
         rows = LogitRows.plan(step)
         logits = self.runner.forward(self.runner.build_batch(step, rows.indices))
@@ -395,6 +462,7 @@ class Engine:
             self._retire(req, reason)
         for req in outcome.streamed:
             self._emit(req)
+        return True
 
     def _retire(self, req: Req, reason: FinishReason) -> None:
         """Finish a request `process` returned: its KV goes back (a pin_prefix request's
@@ -435,7 +503,7 @@ def _shutdown_if_alive(ref: weakref.ref) -> None:
         engine.shutdown()
 
 
-def _eos_ids(checkpoint) -> set[int]:
+def _eos_ids(checkpoint: Checkpoint) -> set[int]:
     ids: set[int] = set()
     for source in (checkpoint.config, getattr(checkpoint, "generation_config", None)):
         value = getattr(source, "eos_token_id", None) if source is not None else None
@@ -448,7 +516,9 @@ def _eos_ids(checkpoint) -> set[int]:
     return ids
 
 
-def _shape(results: list[dict[str, Any]], inp: GenerateInput):
+def _shape(
+    results: list[dict[str, Any]], inp: GenerateInput
+) -> dict[str, Any] | list[dict[str, Any]]:
     """One dict for a lone prompt with n=1, else the list."""
     if inp.batched or len(inp.items) > 1:
         return results

@@ -27,14 +27,16 @@ class Sink:
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.loop = loop
-        self.queue: queue.Queue | asyncio.Queue = asyncio.Queue() if loop else queue.Queue()
+        # One of the two, by kind: the engine thread feeds it, the caller drains it.
+        self.queue: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.aqueue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
     def put(self, item: dict[str, Any]) -> None:
         """Deliver one result (called on the engine thread)."""
         if self.loop is None:
             self.queue.put(item)
         else:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            self.loop.call_soon_threadsafe(self.aqueue.put_nowait, item)
 
     def wait_final(self) -> dict[str, Any]:
         """Block until the final result (a thread sink)."""
@@ -46,7 +48,7 @@ class Sink:
     async def wait_final_async(self) -> dict[str, Any]:
         """Await the final result (an asyncio sink)."""
         while True:
-            item = await self.queue.get()
+            item = await self.aqueue.get()
             if _is_final(item):
                 return item
 
@@ -64,7 +66,7 @@ class Sink:
         finished = False
         try:
             while not finished:
-                item = await self.queue.get()
+                item = await self.aqueue.get()
                 finished = _is_final(item)
                 yield item
         finally:

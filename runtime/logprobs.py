@@ -22,13 +22,16 @@ LOGPROB_FLOOR = -9999.0
 def record_output_logprobs(req: Req, out: SampleOutput, i: int) -> None:
     """Append row `i` of a sample's logprobs (the token `req` just appended) to the request."""
     lp = req.logprob
+    assert out.logprobs is not None  # the step sampled with logprobs for this request
     req.output_logprobs.append(float(out.logprobs[i]))
     if lp.top_logprobs_num:
+        assert out.top_logprobs is not None
         vals, ids = out.top_logprobs
         k = lp.top_logprobs_num
         finite = vals[i, :k].clamp(min=LOGPROB_FLOOR)
         req.output_top_logprobs.append(list(zip(finite.tolist(), ids[i, :k].tolist(), strict=True)))
     if lp.token_ids:
+        assert out.all_logprobs is not None
         row = out.all_logprobs[i, lp.token_ids].clamp(min=LOGPROB_FLOOR)
         req.output_token_ids_logprobs.append(row.tolist())
 

@@ -12,6 +12,7 @@ from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.kv_pool import KVPool
 from radixflow.runtime.layers.attention import choose_attention_backend
 from radixflow.runtime.layers.target import OpsTarget
+from radixflow.runtime.model_loader import Checkpoint
 from radixflow.runtime.models.llama import LlamaForCausalLM
 from radixflow.runtime.scheduler import ScheduledStep
 
@@ -44,7 +45,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, checkpoint) -> None:
+    def __init__(self, config: EngineConfig, checkpoint: Checkpoint) -> None:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         hf = checkpoint.config
@@ -106,7 +107,7 @@ class ModelRunner:
             positions,
             step.out_cache_loc,
             self.pool.req_to_token,
-            [r.kv.row for r in reqs],
+            [r.kv.held_row for r in reqs],
             prefix,
             lens,
             logits_indices,

@@ -201,6 +201,7 @@ class OutputProcessor:
         """Check each request's drafts (rows row..row+k) and append what the target accepts."""
         rows = [r for req, row in verifying for r in range(row, row + len(req.draft_ids) + 1)]
         reqs = [req for req, _ in verifying]
+        assert self.speculator is not None  # only speculation gives requests drafts
         emitted = self.speculator.verify(logits[torch.tensor(rows)], reqs)
         for req, tokens in zip(reqs, emitted, strict=True):
             out.stats["spec_verify_steps"] += 1

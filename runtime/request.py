@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from radixflow.runtime.detokenizer import IncrementalDetokenizer
-from radixflow.runtime.sampler import RequestSampler
+from radixflow.runtime.request_sampler import RequestSampler
 from radixflow.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from radixflow.grammars import GrammarMatcher
+    from radixflow.grammars.backends import Grammar, Matcher
     from radixflow.runtime.radix_cache import TreeNode
     from radixflow.runtime.speculative.speculator import SpecState
 
@@ -43,6 +44,13 @@ class KVState:
     tree_len: int = 0
     last_node: TreeNode | None = None
 
+    @property
+    def held_row(self) -> int:
+        """`row`, for a request that holds KV (it is scheduled)."""
+        if self.row is None:
+            raise RuntimeError("the request holds no req_to_token row")
+        return self.row
+
     def rollback(self, length: int) -> None:
         """Forget the KV past `length` (rejected drafts, a re-tokenized tail); its own pages
         stay its own and are rewritten by the tokens fed next. The tree's part stays: its KV
@@ -66,7 +74,10 @@ class Req:
     detokenizer: IncrementalDetokenizer
     logprob: LogprobRequest = field(default_factory=LogprobRequest)
     stream: bool = False
-    grammar: GrammarMatcher | None = None  # the cursor of a constrained request
+    grammar: Matcher | None = None  # the cursor of a constrained request (any backend)
+    # Set while its grammar compiles: the prompt prefills meanwhile, all but its last token,
+    # whose logits are the first ones the grammar masks.
+    grammar_compiling: Future[Grammar | None] | None = None
     output_ids: list[int] = field(default_factory=list)
     kv: KVState = field(default_factory=KVState)
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
@@ -101,6 +112,12 @@ class Req:
     def remaining(self) -> int:
         """Tokens to feed before the next token can be sampled (1 while decoding)."""
         return self.fill_len - self.kv.length
+
+    @property
+    def feedable(self) -> int:
+        """Tokens the next step may feed: `remaining`, less the last one while the grammar that
+        masks the token after it is still compiling."""
+        return self.remaining - (self.grammar_compiling is not None)
 
     @property
     def finished(self) -> bool:

@@ -8,13 +8,13 @@ generate(prompt | input_ids, ...) ─► GenerateInput (tokenized, validated onc
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
 from radixflow.runtime.constrained import GrammarService
 from radixflow.runtime.detokenizer import IncrementalDetokenizer
 from radixflow.runtime.io_struct import GenerateInput, GenerateItem, InputLimits
 from radixflow.runtime.request import LogprobRequest, Req
-from radixflow.runtime.sampler import RequestSampler
+from radixflow.runtime.request_sampler import RequestSampler
 from radixflow.runtime.text import check_encodable
 
 
@@ -53,10 +53,11 @@ class RequestBuilder:
             prompts = prompt if batched else [prompt]
             if not all(isinstance(p, str) for p in prompts):
                 raise ValueError("prompt must be a string or a list of strings")
-            ids_list = [self._encode(p) for p in prompts]
+            ids_list = [self._encode(p) for p in prompts if isinstance(p, str)]
         else:
+            assert input_ids is not None
             batched = bool(input_ids) and isinstance(input_ids[0], list)
-            ids_list = input_ids if batched else [input_ids]
+            ids_list = cast(list[list[int]], input_ids if batched else [input_ids])
         logprob = self.limits.logprob(
             return_logprob, logprob_start_len, top_logprobs_num, token_ids_logprob
         )

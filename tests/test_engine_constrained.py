@@ -96,7 +96,7 @@ def test_bad_grammar_fails_alone(engine):
     with pytest.raises(ValueError, match="regex"):
         engine.generate("x", {"regex": "(unclosed"})
     with pytest.raises(ValueError, match="json_schema"):
-        engine.generate("x", {"json_schema": {"type": "object", "uniqueItems": True}})
+        engine.generate("x", {"json_schema": {"type": "array", "uniqueItems": True}})
     with pytest.raises(ValueError, match="json_schema"):
         engine.generate("x", {"json_schema": "{not json"})
     thread.join(timeout=60)

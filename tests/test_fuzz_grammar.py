@@ -327,7 +327,7 @@ def array_schemas(draw, children) -> dict:
     if draw(st.integers(0, 4)) == 0:
         schema["prefixItems"] = draw(st.lists(children, min_size=1, max_size=2))
     if draw(st.integers(0, 12)) == 0:
-        schema["uniqueItems"] = True  # unsupported: a clean ValueError
+        schema["uniqueItems"] = True  # exact for enumerable items, else a clean ValueError
     return schema
 
 

@@ -115,8 +115,8 @@ def test_generated_form_and_errors(smollm):
     assert g.matcher().forced_text() == '{"a":'
     spaced = gc.compile_json_schema(schema, whitespace_pattern=r"[ \n]*")
     assert accepts(tok, spaced, '{ "a": 1, "b": [1, 2] }')
-    with pytest.raises(ValueError, match="contains, uniqueItems"):
-        gc.compile_json_schema({"type": "array", "uniqueItems": True, "contains": {}})
+    with pytest.raises(ValueError, match="contains, if"):
+        gc.compile_json_schema({"type": "array", "if": {}, "contains": {}})
     with pytest.raises(ValueError, match="unsupported form of 'not'"):
         gc.compile_json_schema({"type": "array", "not": {"minItems": 2}})
     with pytest.raises(ValueError, match="format"):

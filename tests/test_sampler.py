@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import radixflow.runtime.sampler as sampler_module
-from radixflow.runtime.sampler import RequestSampler, Sampler, SamplingBatch
+from radixflow.runtime.request_sampler import RequestSampler
+from radixflow.runtime.sampler import Sampler, SamplingBatch
 from radixflow.runtime.sampling_params import SamplingParams
 
 V = 32

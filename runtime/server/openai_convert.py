@@ -1,15 +1,18 @@
 """Between OpenAI's shapes and the engine's: request -> sampling params, result -> choices.
 
 Shared by the chat, completions and responses routes: the served model check, the sampling
-params of a request (`response_format` and tool plans become JSON Schemas), `usage` with
-radix-cache hits, finish reasons (an aborted run becomes an error, never a `finish_reason`
-outside OpenAI's enum), and tokens named as OpenAI shows them in logprobs.
+params of a request (`response_format` and tool plans become JSON Schemas, closed as OpenAI's
+`strict: true` means: `strict_schema`), `usage` with radix-cache hits, finish reasons (an
+aborted run becomes an error, never a `finish_reason` outside OpenAI's enum), and tokens named
+as OpenAI shows them in logprobs.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from radixflow.runtime.io_struct import AbortCause, FinishReason, GenerateInput
 from radixflow.runtime.server.engine_client import ServerContext
@@ -19,8 +22,10 @@ from radixflow.runtime.server.openai_protocol import (
     CompletionRequest,
     ResponseFormat,
 )
-from radixflow.runtime.server.openai_tools import ToolPlan
 from radixflow.runtime.server.wire import sse
+
+if TYPE_CHECKING:  # openai_tools imports this module (strict tool schemas)
+    from radixflow.runtime.server.openai_tools import ToolPlan
 
 # engine field name -> OpenAI field name, for errors
 OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
@@ -85,7 +90,18 @@ def response_schema(fmt: ResponseFormat) -> str | None:
             "response_format of type json_schema needs json_schema.schema",
             param="response_format.json_schema",
         )
-    return json.dumps(fmt.json_schema.schema_)
+    schema = fmt.json_schema.schema_
+    if fmt.json_schema.strict:
+        schema = checked_strict(schema, "response_format.json_schema.schema")
+    return json.dumps(schema)
+
+
+def checked_strict(schema: Any, param: str) -> Any:
+    """`strict_schema(schema)`, its refusal a 400 naming `param`."""
+    try:
+        return strict_schema(schema)
+    except ValueError as exc:
+        raise APIError(f"{param} (strict: true): {exc}", param=param) from None
 
 
 def usage(batch: GenerateInput, results: list[dict]) -> dict[str, Any]:
@@ -156,3 +172,167 @@ def token_name(ctx: ServerContext, token_id: int) -> str:
     except UnicodeDecodeError:
         return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
     return ctx.client.token_text(token_id)
+
+
+# -- strict: true ---------------------------------------------------------------------------
+STRICT_MAX_DEPTH = 200  # schema nesting levels `strict_schema` walks; deeper ones are refused
+_OTHER_MAPS = ("properties", "patternProperties", "$defs", "definitions")  # other instances
+_OTHER_ONE = ("additionalProperties", "additionalItems", "contains", "unevaluatedItems")
+_CONJUNCTS = ("dependentSchemas", "dependencies")  # maps of subschemas for the same instance
+_ALTERNATIVES = ("anyOf", "oneOf")
+_CLOSERS = ("additionalProperties", "patternProperties")
+
+
+def strict_schema(schema: Any) -> Any:
+    """The schema OpenAI's `strict: true` stands for: no object holds keys its schema does not
+    declare. Every object schema (`type` object, or `properties`) that leaves other keys open
+    (no `additionalProperties`, `patternProperties` or `unevaluatedProperties`) gets
+    `additionalProperties: false`; `schema` itself is not changed.
+
+    Subschemas that describe the same object (`allOf`, `anyOf`/`oneOf`, `$ref`, dependent
+    schemas) are closed together: a part also allows the names its companions declare (as
+    `{}` properties), so `allOf: [{"$ref": base}, {extension}]` still admits the extension's
+    keys, while each `anyOf`/`oneOf` branch admits only its own keys besides the shared ones.
+    `not`, `if`/`then`/`else` and a schema with `unevaluatedProperties` (which closes itself)
+    are left as given: closing inside them could widen what they accept.
+    Raises ValueError when the schema nests deeper than STRICT_MAX_DEPTH, or when a schema of
+    type object requires a property that nothing declares (closed, it would admit nothing).
+    """
+    closer = _StrictCloser(schema)
+    while True:  # a $ref target admits the names of every place it is used in: a fixpoint
+        before = dict(closer.extra)
+        out = closer.close(schema, frozenset(), "#", 0)
+        if closer.extra == before:
+            return out
+
+
+@dataclass
+class _StrictCloser:
+    root: Any
+    # names a $ref target (by JSON pointer) must admit besides its own: its users declare them
+    extra: dict[str, frozenset[str]] = field(default_factory=dict)
+    _keys: dict[int, frozenset[str]] = field(default_factory=dict)
+
+    def close(self, node: Any, inherited: frozenset[str], path: str, depth: int) -> Any:
+        if not isinstance(node, dict) or "unevaluatedProperties" in node:
+            return node
+        if depth > STRICT_MAX_DEPTH:
+            raise ValueError(f"{path}: the schema nests deeper than {STRICT_MAX_DEPTH} levels")
+        inherited |= self.extra.get(path, frozenset())
+        visible = inherited | self.keys(node, depth)
+        shared = inherited | _names(node) | self._conjunct_keys(node, depth)
+        out = dict(node)
+        for key, value in node.items():
+            where = f"{path}/{_escape(key)}"
+            if key in _OTHER_MAPS and isinstance(value, dict):
+                out[key] = {
+                    k: self.close(v, frozenset(), f"{where}/{_escape(k)}", depth + 1)
+                    for k, v in value.items()
+                }
+            elif key in _OTHER_ONE or (key == "items" and isinstance(value, dict)):
+                out[key] = self.close(value, frozenset(), where, depth + 1)
+            elif key in ("items", "prefixItems") and isinstance(value, list):
+                out[key] = [
+                    self.close(v, frozenset(), f"{where}/{i}", depth + 1)
+                    for i, v in enumerate(value)
+                ]
+            elif key == "allOf" and isinstance(value, list):
+                out[key] = [
+                    self.close(v, visible, f"{where}/{i}", depth + 1) for i, v in enumerate(value)
+                ]
+            elif key in _ALTERNATIVES and isinstance(value, list):
+                out[key] = [
+                    self.close(v, shared, f"{where}/{i}", depth + 1) for i, v in enumerate(value)
+                ]
+            elif key in _CONJUNCTS and isinstance(value, dict):
+                out[key] = {
+                    k: self.close(v, visible, f"{where}/{_escape(k)}", depth + 1)
+                    for k, v in value.items()
+                }
+        ref = node.get("$ref")
+        target = self._target(ref)
+        if target is not None:
+            missing = visible - self.keys(target, depth + 1)
+            pointer = _pointer(ref)
+            if not missing <= self.extra.get(pointer, frozenset()):
+                self.extra[pointer] = self.extra.get(pointer, frozenset()) | missing
+        if _is_object(node) and not any(k in node for k in _CLOSERS):
+            undeclared = [n for n in node.get("required", []) if n not in visible]
+            if undeclared and node.get("type") in ("object", ["object"]):
+                raise ValueError(
+                    f"{path}: required property {undeclared[0]!r} is not declared in "
+                    "properties, so the closed object could never hold it"
+                )
+            props = dict(out.get("properties") or {})
+            props.update({name: {} for name in sorted(visible - props.keys())})
+            out["properties"] = props
+            out["additionalProperties"] = False
+        return out
+
+    def keys(self, node: Any, depth: int) -> frozenset[str]:
+        """Every property name `node` or a part of it describing the same object declares."""
+        if not isinstance(node, dict):
+            return frozenset()
+        if depth > STRICT_MAX_DEPTH:
+            raise ValueError(f"the schema nests deeper than {STRICT_MAX_DEPTH} levels")
+        known = self._keys.get(id(node))
+        if known is not None:
+            return known
+        self._keys[id(node)] = _names(node)  # a $ref cycle ends here
+        names = _names(node) | self._conjunct_keys(node, depth)
+        for key in _ALTERNATIVES:
+            for branch in _branches(node.get(key)):
+                names |= self.keys(branch, depth + 1)
+        self._keys[id(node)] = names
+        return names
+
+    def _conjunct_keys(self, node: dict, depth: int) -> frozenset[str]:
+        """The names of the parts that always apply with `node`: allOf, $ref, dependents."""
+        parts = _branches(node.get("allOf")) + [self._target(node.get("$ref"))]
+        for key in _CONJUNCTS:
+            parts += _branches(node.get(key))
+        names: frozenset[str] = frozenset()
+        for part in parts:
+            names |= self.keys(part, depth + 1)
+        return names
+
+    def _target(self, ref: Any) -> Any:
+        """The subschema a local `$ref` points to; None for others (the compiler names them)."""
+        if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
+            return None  # another document, or an anchor
+        node = self.root
+        for part in _pointer(ref)[1:].split("/")[1:]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return None
+        return node
+
+
+def _pointer(ref: str) -> str:
+    return "#" + urllib.parse.unquote(ref[1:]).rstrip("/")
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _names(node: dict) -> frozenset[str]:
+    props = node.get("properties")
+    return frozenset(props) if isinstance(props, dict) else frozenset()
+
+
+def _branches(value: Any) -> list[Any]:
+    if isinstance(value, list):
+        return value
+    if isinstance(value, dict):
+        return list(value.values())
+    return []
+
+
+def _is_object(node: dict) -> bool:
+    kind = node.get("type")
+    return kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in node

@@ -6,7 +6,9 @@ What the model writes, and the JSON Schema that forces it (compact JSON, no whit
     tool_choice required ->  [{"name":...,"arguments":{...}}, ...]        (at least one call)
     tool_choice auto     ->  the list above, or {"content":"plain answer"}
 
-The tools and this format are described to the model in a system message.
+The tools and this format are described to the model in a system message. A tool with
+`strict: true` has its parameters closed as OpenAI means it (`openai_convert.strict_schema`:
+no argument object holds keys its schema does not declare).
 
 With `--tool-call-parser`, `tool_choice` auto (or unset) takes the model's own route instead
 (`ChatReply`): the tools go to the model's chat template (`tools=`), the model writes calls in
@@ -22,6 +24,7 @@ from typing import Any
 
 from radixflow.runtime.reasoning_parser import ReasoningParser, ReasoningStream, reasoning_parser
 from radixflow.runtime.server.errors import APIError
+from radixflow.runtime.server.openai_convert import checked_strict
 from radixflow.runtime.server.openai_protocol import ChatMessage, NamedToolChoice, Tool
 from radixflow.runtime.tool_parsers import (
     ToolCallParser,
@@ -138,12 +141,12 @@ def _cut_answer(text: str) -> str:
 
 
 def _call_schema(tool: Tool) -> dict[str, Any]:
+    arguments = tool.function.parameters or _ANY_OBJECT
+    if tool.function.strict:
+        arguments = checked_strict(arguments, "tools")
     return {
         "type": "object",
-        "properties": {
-            "name": {"const": tool.function.name},
-            "arguments": tool.function.parameters or _ANY_OBJECT,
-        },
+        "properties": {"name": {"const": tool.function.name}, "arguments": arguments},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }

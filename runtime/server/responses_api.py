@@ -152,7 +152,10 @@ def _response_format(body: ResponsesRequest) -> ResponseFormat | None:
     if fmt.schema_ is None:
         raise APIError("text.format of type json_schema needs schema", param="text.format.schema")
     spec = JsonSchemaFormat(
-        name=fmt.name or "output", description=fmt.description, schema=fmt.schema_
+        name=fmt.name or "output",
+        description=fmt.description,
+        schema=fmt.schema_,
+        strict=fmt.strict,
     )
     return ResponseFormat(type="json_schema", json_schema=spec)
 

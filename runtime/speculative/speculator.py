@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from radixflow.grammars import GrammarBudgetExceeded, GrammarMatcher
+from radixflow.grammars import GrammarBudgetExceeded
+from radixflow.grammars.backends import Matcher
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.layers.token_bitmask import TokenBitmaskImpl, choose_token_bitmask
 from radixflow.runtime.model_runner import ModelRunner
@@ -132,9 +133,7 @@ class Speculator:
             grammar.rollback(grammar.num_accepted - start)
             return []
 
-    def _accepted_drafts(
-        self, grammar: GrammarMatcher, state: SpecState, drafts: list[int]
-    ) -> list[int]:
+    def _accepted_drafts(self, grammar: Matcher, state: SpecState, drafts: list[int]) -> list[int]:
         kept = 0
         for token in drafts:
             if not grammar.accept(token):
