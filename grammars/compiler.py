@@ -20,6 +20,7 @@ from .lark_import import lark_to_bnf
 from .matcher import CompiledGrammar
 from .nfa import Deadline
 from .regex_ir import Alt, literal, parse_regex
+from .source_kinds import SourceKinds
 from .tokenizer_index import get_tokenizer_index
 
 Build = Callable[[Deadline], ByteAutomaton]  # makes a source's automaton within a deadline
@@ -29,7 +30,7 @@ Build = Callable[[Deadline], ByteAutomaton]  # makes a source's automaton within
 DEFAULT_CACHE_MB = 256.0
 
 
-class GrammarCompiler:
+class GrammarCompiler(SourceKinds[CompiledGrammar]):
     """Compile regexes, JSON Schemas, Lark/GBNF grammars and choice lists for one tokenizer.
 
     `vocab_size` is the model's vocabulary (its embedding rows), which may exceed the
@@ -102,28 +103,6 @@ class GrammarCompiler:
         total = sum(g.nbytes for g in self._cache.values())
         while total > self._cache_bytes:
             total -= self._cache.popitem(last=False)[1].nbytes
-
-    def compile_regex(self, pattern: str) -> CompiledGrammar:
-        """Text that `re.fullmatch(pattern, text)` accepts."""
-        return self.compile("regex", pattern)
-
-    def compile_choices(self, strings: Sequence[str]) -> CompiledGrammar:
-        """Exactly one of `strings`."""
-        return self.compile("choices", strings)
-
-    def compile_json_schema(
-        self, schema: dict | str | bool, whitespace_pattern: str | None = None
-    ) -> CompiledGrammar:
-        """JSON text valid under `schema` (see `radixflow.grammars.json_schema` for the form)."""
-        return self.compile("json_schema", schema, whitespace_pattern)
-
-    def compile_lark(self, text: str) -> CompiledGrammar:
-        """A Lark grammar (start rule `start`, `%ignore` honoured, terminals as regexes)."""
-        return self.compile("lark", text)
-
-    def compile_ebnf(self, text: str) -> CompiledGrammar:
-        """A GBNF grammar as llama.cpp writes it (start rule `root`)."""
-        return self.compile("ebnf", text)
 
     def compile(self, kind: str, source, *options) -> CompiledGrammar:
         """`source` as `kind`: regex, choices, json_schema (+ whitespace_pattern), lark, ebnf."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Hashable
+from typing import Any
 
 from .json_schema_disjoint import json_common
 from .json_schema_numbers import check_numbers
@@ -163,16 +164,9 @@ class SchemaResolver:
         """The subschema a local `$ref` (a JSON pointer fragment) points to."""
         if not ref.startswith("#"):
             raise ValueError(f"{where}: only local $ref ('#/...') is supported, got {ref!r}")
-        node = self.root
-        frag = urllib.parse.unquote(ref[1:])
-        for part in [p for p in frag.split("/") if p]:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                raise ValueError(f"{where}: cannot resolve $ref {ref!r}")
+        node = json_pointer(self.root, ref)
+        if node is None:
+            raise ValueError(f"{where}: cannot resolve $ref {ref!r}")
         return node
 
     def inline(self, schema, where: str):
@@ -285,3 +279,18 @@ def _bare_ref(schema: dict) -> bool:
     return "$ref" in schema and not any(
         k != "$ref" and (k in HANDLED or k in UNSUPPORTED) for k in schema
     )
+
+
+def json_pointer(root: Any, ref: str) -> Any:
+    """What the local `$ref` (`#` and a URI-escaped JSON pointer) points to in `root`; None
+    when it points at nothing."""
+    node = root
+    for part in [p for p in urllib.parse.unquote(ref[1:]).split("/") if p]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node

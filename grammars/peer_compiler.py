@@ -17,7 +17,7 @@ import importlib
 import json
 import re
 import threading
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -30,6 +30,7 @@ from .compiler import DEFAULT_CACHE_MB
 from .json_schema_resolve import canonical_schema
 from .nfa import CompileTimeout
 from .peer_matcher import GrammarOptions, PeerGrammar
+from .source_kinds import SourceKinds
 from .tokenizer_index import TokenizerIndex, get_tokenizer_index
 
 _T = TypeVar("_T")
@@ -110,7 +111,7 @@ def call_within(seconds: float, work: Callable[[], _T]) -> _T:
         ) from None
 
 
-class PeerCompiler(ABC):
+class PeerCompiler(SourceKinds[PeerGrammar]):
     """Compile sources with a peer engine for one tokenizer; cached by source like ours.
 
     `vocab_size` is the model's (mask rows have ceil(vocab_size/32) words); `eos_token_ids`
@@ -190,23 +191,6 @@ class PeerCompiler(ABC):
             while total > self._cache_bytes:
                 total -= self._cache.popitem(last=False)[1].nbytes
             return got
-
-    def compile_regex(self, pattern: str) -> PeerGrammar:
-        return self.compile("regex", pattern)
-
-    def compile_choices(self, strings: Sequence[str]) -> PeerGrammar:
-        return self.compile("choices", strings)
-
-    def compile_json_schema(
-        self, schema: dict | str | bool, whitespace_pattern: str | None = None
-    ) -> PeerGrammar:
-        return self.compile("json_schema", schema, whitespace_pattern)
-
-    def compile_lark(self, text: str) -> PeerGrammar:
-        return self.compile("lark", text)
-
-    def compile_ebnf(self, text: str) -> PeerGrammar:
-        return self.compile("ebnf", text)
 
     def grammar_options(self, src: GrammarSource) -> GrammarOptions:
         """What the matchers of `src`'s grammar need besides the peer's objects."""

@@ -14,6 +14,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from radixflow.grammars.json_schema_resolve import json_pointer
 from radixflow.runtime.io_struct import AbortCause, FinishReason, GenerateInput
 from radixflow.runtime.server.engine_client import ServerContext
 from radixflow.runtime.server.errors import APIError, OpenAIError, error_body
@@ -300,16 +301,7 @@ class _StrictCloser:
         """The subschema a local `$ref` points to; None for others (the compiler names them)."""
         if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
             return None  # another document, or an anchor
-        node = self.root
-        for part in _pointer(ref)[1:].split("/")[1:]:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                return None
-        return node
+        return json_pointer(self.root, ref)
 
 
 def _pointer(ref: str) -> str:
