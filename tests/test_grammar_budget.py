@@ -103,7 +103,7 @@ def test_step_timeout_bounds_one_call(tok):
             start = time.perf_counter()
             _walk_a(matcher, 1)
     assert err.value.budget == "step_timeout"
-    assert time.perf_counter() - start < 0.02 + 1.0  # past the limit by little (a loaded CPU)
+    assert time.perf_counter() - start < 0.02 + 3.0  # past the limit by little (a loaded CPU)
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,7 @@ def test_cpu_engine_runs_without_triton(tmp_path: Path) -> None:
     model = make_tiny_model_dir(tmp_path / "llama")
     done = subprocess.run(
         [sys.executable, "-c", PROGRAM, str(model)],
+        cwd=tmp_path,  # not the checkout: its kernels/ folder would shadow Hugging Face's `kernels`
         capture_output=True,
         text=True,
         timeout=600,
