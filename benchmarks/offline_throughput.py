@@ -22,6 +22,7 @@ import transformers
 from common import copy_bandwidth, matmul_rate, print_table
 
 import radixflow as rf
+from radixflow.runtime.model_loader import transformers_dir
 
 
 def workload(n: int, vocab: int, seed: int) -> tuple[list[list[int]], list[int]]:
@@ -78,7 +79,9 @@ def main() -> None:
         dtype = getattr(torch, dtype_name)
         rate = matmul_rate(dtype)
         engine = rf.Engine(dtype=dtype_name)
-        hf = transformers.AutoModelForCausalLM.from_pretrained(engine.model_dir, dtype=dtype).eval()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            transformers_dir(engine.model_dir), dtype=dtype
+        )
         params = sum(p.numel() for p in hf.parameters())
         weight_bytes = params * dtype.itemsize
         prompts, outputs = workload(args.num_prompts, engine.vocab_size, args.seed)

@@ -24,6 +24,7 @@ import transformers
 from common import passage, print_table
 
 import radixflow as rf
+from radixflow.runtime.model_loader import transformers_dir
 
 Wave = list[tuple[list[int], int]]  # (prompt ids, output tokens)
 Workload = Callable[[Callable[[Wave], list[list[int]]]], list[Wave]]
@@ -173,7 +174,7 @@ def main() -> None:
     on = rf.Engine(dtype=args.dtype)
     off = rf.Engine(dtype=args.dtype, disable_radix_cache=True)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
-        on.model_dir, dtype=getattr(torch, args.dtype)
+        transformers_dir(on.model_dir), dtype=getattr(torch, args.dtype)
     ).eval()
     tok = on.tokenizer
     workloads = {

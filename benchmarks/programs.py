@@ -33,6 +33,7 @@ import radixflow as rf  # noqa: E402
 from radixflow.frontend.backend import Backend, Prompt, RequestError  # noqa: E402
 from radixflow.frontend.choices import call_method  # noqa: E402
 from radixflow.frontend.ir import GenArgs  # noqa: E402
+from radixflow.runtime.model_loader import transformers_dir  # noqa: E402
 
 # -- workloads --------------------------------------------------------------------------------
 SHOTS = [
@@ -300,7 +301,9 @@ def main() -> None:
     on = rf.Runtime(dtype=opts.dtype)
     off = rf.Runtime(dtype=opts.dtype, disable_radix_cache=True)
     hf_dtype = torch.float32 if opts.dtype == "float32" else on.engine.runner.dtype
-    hf = TransformersBackend(on.engine.model_dir, on.tokenizer, on.chat_template, hf_dtype)
+    hf = TransformersBackend(
+        transformers_dir(on.engine.model_dir), on.tokenizer, on.chat_template, hf_dtype
+    )
     executors = [("radixflow", on, n), ("radixflow, cache off", off, n), ("transformers", hf, 1)]
     rows = []
     for name, (program, batch) in WORKLOADS.items():

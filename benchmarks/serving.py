@@ -2,9 +2,12 @@
 
 Load mode: Poisson arrivals at several request rates, seeded random prompt/output lengths,
 streaming /v1/completions; prints throughput, TTFT and inter-token latency p50/p99 per rate.
-With --compare-transformers the same load runs against `transformers serve` on the same model.
+With --compare-transformers the same load runs against `transformers serve` on the same model;
+with --dp N against one server and against `radixflow serve --dp-size N` (N replicas behind
+SGLang's router, the `router` extra), both started here with the same --server-args.
 
     python benchmarks/serving.py --rates 1,2,4 --num-prompts 24
+    python benchmarks/serving.py --rates 2,4 --dp 2
     python benchmarks/serving.py --soak --soak-seconds 120 --clients 200
     python benchmarks/serving.py --soak --adversarial-share 0.2
     python benchmarks/serving.py --soak --compare-adversarial --adversarial-share 0.2
@@ -64,7 +67,7 @@ class Launched:
                 self.proc.wait()
 
 
-def _wait_ready(url: str, health: str, proc: subprocess.Popen, timeout: float) -> None:
+def wait_ready(url: str, health: str, proc: subprocess.Popen, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -78,13 +81,25 @@ def _wait_ready(url: str, health: str, proc: subprocess.Popen, timeout: float) -
     raise RuntimeError(f"{url} not ready after {timeout:.0f}s")
 
 
-def launch_radixflow(port: int, extra: list[str]) -> Launched:
+def launch_radixflow(port: int, extra: list[str], dp_size: int = 1) -> Launched:
     cmd = [sys.executable, "-m", "radixflow", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--log-level", "warning", *extra]
+    cmd += ["--log-level", "warning", *extra, "--dp-size", str(dp_size)]
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
-    _wait_ready(url, "/health", proc, 300)
-    return Launched("radixflow", url, proc)
+    wait_ready(url, "/health", proc, 300)
+    if dp_size == 1:
+        return Launched("radixflow", url, proc)
+    _wait_registered(url, dp_size, proc, 300)
+    return Launched(f"radixflow dp={dp_size}", url, proc)
+
+
+def _wait_registered(url: str, replicas: int, proc: subprocess.Popen, timeout: float) -> None:
+    """Until the router lists every replica (it answers /health before that)."""
+    deadline = time.monotonic() + timeout
+    while len(httpx.get(url + "/get_loads", timeout=5).json()["workers"]) < replicas:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the router at {url} did not register {replicas} replicas")
+        time.sleep(0.5)
 
 
 def launch_transformers(port: int, model_dir: str, dtype: str) -> Launched | str:
@@ -98,7 +113,7 @@ def launch_transformers(port: int, model_dir: str, dtype: str) -> Launched | str
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, "/health", proc, 300)
+        wait_ready(url, "/health", proc, 300)
     except RuntimeError as exc:
         proc.kill()
         err = (
@@ -215,7 +230,7 @@ HEADERS = ["server", "req/s in", "ok", "req/s", "out tok/s", "TTFT p50 ms", "TTF
            "ITL p50 ms", "ITL p99 ms"]  # fmt: skip
 
 
-def load(args: argparse.Namespace, servers: list[tuple[str, str, str, dict]]) -> None:
+def load(args: argparse.Namespace, servers: list[tuple[str, str, str, dict]]) -> list[list[object]]:
     rows = []
     for k, rate in enumerate(args.rates):
         # fresh prompts per rate (same distribution), so no rate reuses another's cached prefixes
@@ -230,6 +245,22 @@ def load(args: argparse.Namespace, servers: list[tuple[str, str, str, dict]]) ->
         f"~{args.output_len} tokens (seed {args.seed} + rate index); streaming /v1/completions"
     )
     print_table(HEADERS, rows)
+    return rows
+
+
+def print_dp_ratios(rows: list[list[object]], dp_name: str) -> None:
+    """The replicas' figures over one server's, per request rate (same load, same prompts)."""
+    by_key = {(row[0], row[1]): row for row in rows}
+    for (name, rate), row in by_key.items():
+        one = by_key.get(("radixflow", rate))
+        if name != dp_name or one is None:
+            continue
+        ratios = [
+            f"{HEADERS[i]} x{float(str(row[i])) / float(str(one[i])):.2f}"
+            for i in (3, 4, 5, 7)  # req/s, out tok/s, TTFT p50, ITL p50
+            if float(str(one[i])) > 0
+        ]
+        print(f"{dp_name} / one server at {rate} req/s: {', '.join(ratios)}")
 
 
 # -- main -------------------------------------------------------------------------------------
@@ -250,6 +281,11 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=32, help="mean output length in tokens")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compare-transformers", action="store_true")
+    parser.add_argument(
+        "--dp", type=int, default=None, metavar="N",
+        help="run the load against one server and against `--dp-size N` replicas (both "
+        "started here)",
+    )  # fmt: skip
     parser.add_argument("--soak", action="store_true", help="run the soak test instead")
     parser.add_argument("--soak-seconds", type=float, default=120.0)
     parser.add_argument("--clients", type=int, default=200)
@@ -270,6 +306,9 @@ def main() -> int:
         "the normal clients' latencies",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.dp is not None and (args.url or args.soak or args.compare_adversarial):
+        parser.error("--dp starts its own servers for the load mode: not with --url, --soak "
+                     "or --compare-adversarial")  # fmt: skip
 
     launched: list[Launched] = []
     try:
@@ -283,15 +322,27 @@ def main() -> int:
             return 0 if soak(args, url) else 1
         info = httpx.get(url + "/get_model_info", timeout=30).json()
         servers = [("radixflow", url, info["served_model_name"], {"ignore_eos": True})]
+        dp_name = None
+        if args.dp is not None:
+            dp = launch_radixflow(args.port + 2, args.server_args.split(), args.dp)
+            dp_name = dp.name
+            launched.append(dp)
+            servers.append((dp.name, dp.url, info["served_model_name"], {"ignore_eos": True}))
         if args.compare_transformers:
             dtype = httpx.get(url + "/server_info", timeout=30).json()["dtype"]
-            peer = launch_transformers(args.port + 1, info["model_path"], dtype)
+            # a GGUF's converted folder holds packed weights: transformers loads its float twin
+            from radixflow.runtime.model_loader import resolve_model_dir, transformers_dir
+
+            hf_dir = str(transformers_dir(resolve_model_dir(info["model_path"])))
+            peer = launch_transformers(args.port + 1, hf_dir, dtype)
             if isinstance(peer, str):
                 print(f"transformers serve: not compared: {peer}")
             else:
                 launched.append(peer)
                 servers.append((peer.name, peer.url, info["model_path"], {}))
-        load(args, servers)
+        rows = load(args, servers)
+        if dp_name is not None:
+            print_dp_ratios(rows, dp_name)
         if args.compare_transformers and len(servers) > 1:
             print("transformers serve gets no ignore_eos, so its outputs may end early; "
                   "out tok/s counts the tokens each server actually produced")  # fmt: skip

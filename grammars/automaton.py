@@ -28,7 +28,7 @@ class ByteAutomaton(Protocol):
 
 
 class RegexAutomaton:
-    """Lazy DFA over the bytes of the strings a regex IR matches."""
+    """Lazy DFA over the bytes of the strings a regex IR matches (its NFA is lazy too)."""
 
     def __init__(self, ir, deadline: Deadline | None = None):
         nfa = NFA(deadline)

@@ -38,9 +38,9 @@ class GrammarLimits:
     max_chart_items: int = 1_000_000  # items in all of a grammar's Earley sets
     max_mb: float = 128.0  # MiB a grammar's automata may grow by after compilation
     step_timeout: float = 5.0  # seconds of automaton work in one matcher call
-    # Arrays/objects a JSON value the schema leaves free may nest. The NFA is built eagerly,
-    # one copy per level and use (2**depth states each), so the default stays small.
-    free_value_depth: int = 3
+    # Arrays/objects a JSON value the schema leaves free may nest. The IR is linear in the
+    # depth and the automaton is built as it is walked, so only the depths used cost anything.
+    free_value_depth: int = 16
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -14,6 +14,8 @@ are built lazily like the regex DFA's.
     Earley set: items (rule, dot, origin set); `waiting[symbol]` -> the items that wait for
                 that symbol, with the dot already moved past it (what a scan or completion adds)
     root --scan(t1)--> set1 --scan(t2)--> set2 ...   (each scan cached on the set)
+
+EBNF is lowered to BNF without recursion (deep schemas nest their IR hundreds of levels).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 
 from .budget import GrammarBudget
 from .nfa import NFA, Deadline, LazyDFA, nfa_nbytes
-from .regex_ir import Alt, Chars, Ref, Repeat, Seq
+from .regex_ir import Alt, Chars, Dfa, Ref, Repeat, Seq, fold
 from .states import DICT_ENTRY_BYTES, StateRows
 
 _ITEM_BYTES = sys.getsizeof((0, 0, None)) + 8  # an item tuple and its list slot
@@ -44,39 +46,38 @@ class BNF:
     ignore: list[int] = field(default_factory=list)
 
 
-def nullable_ir(node) -> bool:
+def _nullable(node, kids: list[bool]) -> bool:
+    if isinstance(node, Seq):
+        return all(kids)
+    if isinstance(node, Alt):
+        return any(kids)
+    if isinstance(node, Repeat):
+        return node.lo == 0 or kids[0]
+    if isinstance(node, Dfa):
+        return node.nullable
     if isinstance(node, Chars):
         return False
-    if isinstance(node, Seq):
-        return all(nullable_ir(i) for i in node.items)
-    if isinstance(node, Alt):
-        return any(nullable_ir(i) for i in node.items)
-    if isinstance(node, Repeat):
-        return node.lo == 0 or nullable_ir(node.item)
     raise ValueError(f"not a regex IR node: {node!r}")
 
 
+def nullable_ir(node, memo: dict | None = None) -> bool:
+    """Whether a Ref-free IR node matches the empty word (`memo`: by node id, across calls)."""
+    return fold(node, {} if memo is None else memo, _nullable)
+
+
 def _has_ref(node, memo: dict) -> bool:
-    key = id(node)
-    if key not in memo:
-        if isinstance(node, Ref):
-            memo[key] = True
-        elif isinstance(node, (Seq, Alt)):
-            memo[key] = any(_has_ref(i, memo) for i in node.items)
-        elif isinstance(node, Repeat):
-            memo[key] = _has_ref(node.item, memo)
-        else:
-            memo[key] = False
-    return memo[key]
+    return fold(node, memo, lambda n, kids: isinstance(n, Ref) or any(kids))
 
 
 class _EbnfLowering:
     def __init__(self, bnf: BNF, deadline: Deadline):
         self.bnf = bnf
         self.deadline = deadline
-        self.memo: dict = {}
+        self.memo: dict = {}  # id(node) -> whether it holds a Ref
+        self.nullable: dict = {}  # id(node) -> whether it matches the empty word
         self.symbols: dict[int, object] = {}
         self.keep: list = []
+        self.pending: list[tuple[str, object]] = []  # (symbol, IR) whose rules are not made
         self.count = 0
 
     def fresh(self) -> str:
@@ -87,7 +88,7 @@ class _EbnfLowering:
         """A symbol for a Ref-free IR node (nullable ones get an epsilon alternative)."""
         index = len(self.bnf.terminals)
         self.bnf.terminals.append(node)
-        if not nullable_ir(node):
+        if not nullable_ir(node, self.nullable):
             return index
         name = self.fresh()
         self.bnf.rules += [(name, ()), (name, (index,))]
@@ -104,10 +105,19 @@ class _EbnfLowering:
             sym = self.terminal(node)
         else:
             sym = self.fresh()
-            for alt_syms in self.alternatives(node):
-                self.bnf.rules.append((sym, alt_syms))
+            self.pending.append((sym, node))  # its rules wait: no recursion into deep IR
         self.symbols[key] = sym
         return sym
+
+    def rules(self, name: str, node) -> None:
+        """Rules for `name` -> `node`, and for every symbol they name, until none waits."""
+        self.pending.append((name, node))
+        while self.pending:
+            lhs, item = self.pending.pop()
+            if _has_ref(item, self.memo):
+                self.bnf.rules += [(lhs, syms) for syms in self.alternatives(item)]
+            else:
+                self.bnf.rules.append((lhs, (self.symbol(item),)))
 
     def sequence(self, items) -> tuple:
         out, run = [], []
@@ -157,8 +167,7 @@ def bnf_from_ebnf(defs: dict, start: str, deadline: Deadline | None = None) -> B
     bnf = BNF(start=start)
     low = _EbnfLowering(bnf, deadline or Deadline(None))
     for name, node in defs.items():
-        for syms in low.alternatives(node) if _has_ref(node, low.memo) else [(low.symbol(node),)]:
-            bnf.rules.append((name, syms))
+        low.rules(name, node)
     return bnf
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import sys
 import threading
 from collections import OrderedDict
@@ -15,7 +14,7 @@ from .budget import GrammarLimits
 from .cfg import GrammarAutomaton, bnf_from_ebnf
 from .gbnf import gbnf_to_lark
 from .json_schema import schema_to_ir
-from .json_schema_resolve import canonical_schema
+from .json_schema_resolve import parse_schema_source
 from .lark_import import lark_to_bnf
 from .matcher import CompiledGrammar
 from .nfa import Deadline
@@ -150,31 +149,20 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
     def _plan_json_schema(
         self, schema: dict | str | bool, whitespace_pattern: str | None = None
     ) -> tuple[str, Build]:
-        if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"JSON schema text is not valid JSON: {exc}") from None
-        if whitespace_pattern is not None:
-            try:
-                re.compile(whitespace_pattern)
-            except re.error as exc:
-                raise ValueError(f"invalid whitespace_pattern: {exc}") from None
-
         # Built from the canonical form, so that the key (equal for keyword orders that do not
         # change the language) fully determines the grammar.
-        canonical = canonical_schema(schema)
+        source = parse_schema_source(schema, whitespace_pattern)
 
         def build(deadline: Deadline) -> ByteAutomaton:
             ir, defs = schema_to_ir(
-                canonical, whitespace_pattern, deadline, self.limits.free_value_depth
+                source.canonical, whitespace_pattern, deadline, self.limits.free_value_depth
             )
             if not defs:
                 return RegexAutomaton(ir, deadline)
             defs = {"start": ir, **defs}
             return GrammarAutomaton(bnf_from_ebnf(defs, "start", deadline), deadline)
 
-        return json.dumps([canonical, whitespace_pattern]), build
+        return source.key, build
 
     def _plan_lark(self, text: str) -> tuple[str, Build]:
         if not isinstance(text, str):

@@ -23,9 +23,11 @@ Generated form (what a model is made to write):
   JSON value nested at most `free_depth` arrays/objects deep (`GrammarLimits.free_value_depth`,
   the `grammar_free_value_depth` knob), so the language stays regular: one definition per
   depth, each built from the one below and shared by every use (the IR is a DAG of size
-  linear in the depth; the NFA, built eagerly, still copies each level per continuation,
-  which is why the default depth is small);
+  linear in the depth; the automaton is built as it is walked, so only the depths a
+  value reaches cost states);
 - `enum`/`const` values are written compactly;
+- keywords beside a `$ref` apply from draft 2019-09 on and are ignored in drafts 3 to 7 (as
+  those drafts say; `json_schema_resolve.ref_siblings_apply` tells the draft);
 - `uniqueItems` on arrays whose elements have finitely many values (enum/const/boolean/null):
   the arrays of distinct values, built when the sets of values an array may hold number at
   most `json_schema_objects.MAX_UNIQUE_STATES`; with other items it raises unless
@@ -37,10 +39,13 @@ Generated form (what a model is made to write):
   trigger properties (at most 64 cases);
 - `not` is supported for a type, const/enum of scalars, `required` names and a `pattern`;
   other forms raise;
-- `pattern`/`format` with `minLength`/`maxLength` intersect exactly (`regex_algebra`);
+- `pattern`/`format` with `minLength`/`maxLength` intersect exactly (`regex_algebra`); the
+  formats in `json_schema_strings.FORMATS` are enforced, other formats are annotations (as
+  JSON Schema 2019-09 on makes every format) and allow any string;
 - `additionalItems` has no effect unless `items` is an array (as the specification says).
-The language is regular unless `$ref`s recurse; then the recursive definitions become
-grammar rules. `oneOf` is the union of its branches, so each pair of branches must be proven
+The language is regular unless `$ref`s recurse; then each schema met again inside its own
+conversion (through `$ref`s, `allOf` merges of recursive targets included) becomes a grammar
+rule. `oneOf` is the union of its branches, so each pair of branches must be proven
 to share no value (`json_schema_disjoint`: JSON types, const/enum values, a required property
 with disjoint schemas or forbidden by the other branch; else `disjoint`'s first-byte type
 check); otherwise it is rejected rather than treated as `anyOf`, which could accept a value
@@ -81,9 +86,10 @@ class SchemaConverter(ContainerConverter):
         self.schemas = SchemaResolver(root, deadline)
         self.ws = EMPTY if whitespace_pattern is None else parse_regex(whitespace_pattern)
         self.defs: dict[str, object] = {}
-        self._recursive: set[str] = set()
-        self._ref_ir: dict[str, object] = {}
         self._converted: dict[int, object] = {}  # IR by `SchemaResolver.key` of the schema
+        # Schemas (by key) under conversion -> their rule's name, and the names used inside.
+        self._pending: dict[int, str] = {}
+        self._recursive: set[str] = set()
         self._any = self._free_values(free_depth)
 
     # ---- helpers -------------------------------------------------------------------------
@@ -94,8 +100,7 @@ class SchemaConverter(ContainerConverter):
         """Free values nesting at most 0, 1, ..., `depth` arrays/objects.
 
         Each level is built from the one below and shares every other node with it, so the
-        IR stays small and linear in the depth; the NFA built from it has a copy of each
-        level per continuation (2**depth copies of a scalar per use)."""
+        IR stays small and linear in the depth."""
         string = seq(literal('"'), star(JSON_CHAR), literal('"'))
         comma, colon = self._tok(","), self._tok(":")
         open_array, open_object = seq(literal("["), self.ws), seq(literal("{"), self.ws)
@@ -124,34 +129,45 @@ class SchemaConverter(ContainerConverter):
             return NEVER
         if not isinstance(schema, dict):
             raise ValueError(f"{where}: a schema must be an object or a boolean, got {schema!r}")
-        # Each distinct sub-schema is translated once; its IR is shared by every use.
+        # Each distinct sub-schema is translated once; its IR is shared by every use. A schema
+        # met again inside its own conversion (through `$ref`s, merged `allOf` parts included)
+        # becomes a grammar rule.
         key = self.schemas.key(schema)
         got = self._converted.get(key)
-        if got is None:
-            self.schemas.enter(where)
-            try:
-                got = self._converted[key] = self._convert_object(schema, where)
-            finally:
-                self.schemas.leave()
+        if got is not None:
+            return got
+        name = self._pending.get(key)
+        if name is not None:
+            self._recursive.add(name)
+            return Ref(name)
+        name = self._pending[key] = f"{where}@{key}"
+        self.schemas.enter(where)
+        try:
+            got = self._convert_object(schema, where)
+        finally:
+            self.schemas.leave()
+            del self._pending[key]
+        if name in self._recursive:
+            self.defs[name] = got
+            got = Ref(name)
+        self._converted[key] = got
         return got
 
     def _convert_object(self, schema: dict, where: str):
+        if "$ref" in schema and self.schemas.bare_ref(schema):
+            return self._ref(schema["$ref"], where)
         unknown = sorted(set(schema) & UNSUPPORTED)
         if unknown:
             raise ValueError(f"{where}: unsupported JSON Schema keyword(s): {', '.join(unknown)}")
         check_numbers(schema, where)
+        if "format" in schema and schema["format"] not in FORMATS:
+            # An unknown format is an annotation (JSON Schema 2019-09 on): any string.
+            return self.convert({k: v for k, v in schema.items() if k != "format"}, where)
         if "$ref" in schema:
-            rest = {k: v for k, v in schema.items() if k != "$ref" and k in HANDLED}
-            if rest:
-                return self.convert({"allOf": [{"$ref": schema["$ref"]}, rest]}, where)
-            return self._ref(schema["$ref"], where)
+            rest = {k: v for k, v in schema.items() if k != "$ref"}
+            return self.convert({"allOf": [{"$ref": schema["$ref"]}, rest]}, where)
         if "allOf" in schema:
-            merged = {k: v for k, v in schema.items() if k != "allOf"}
-            for i, sub in enumerate(schema["allOf"]):
-                merged = self.schemas.merge(
-                    merged, self.schemas.inline(sub, f"{where}/allOf/{i}"), where
-                )
-            return self.convert(merged, where)
+            return self.convert(self.schemas.flatten(schema, where), where)
         if any(k in schema for k in DEPENDENCY_KEYS):
             return self._dependency_cases(schema, where)
         if "not" in schema:
@@ -184,24 +200,9 @@ class SchemaConverter(ContainerConverter):
         return literal("null") if kind == "null" else alt(literal("true"), literal("false"))
 
     def _ref(self, ref: str, where: str):
-        """A `$ref` target's IR, translated once and shared by every use (a `Ref` rule when
-        the target refers to itself)."""
+        """A `$ref` target's IR (converted once, see `convert`)."""
         ref, target = self.schemas.follow(ref, where)
-        if ref in self.schemas.stack:
-            self._recursive.add(ref)
-            return Ref(ref)
-        if ref in self.defs:
-            return Ref(ref)
-        if ref in self._ref_ir:
-            return self._ref_ir[ref]
-        self.schemas.stack.append(ref)
-        ir = self.convert(target, ref)
-        self.schemas.stack.pop()
-        if ref in self._recursive:
-            self.defs[ref] = ir
-            return Ref(ref)
-        self._ref_ir[ref] = ir
-        return ir
+        return self.convert(target, ref)
 
     # ---- combinators ---------------------------------------------------------------------
     def _not(self, schema, where: str):
@@ -278,7 +279,7 @@ class SchemaConverter(ContainerConverter):
         rest = {
             k: v for k, v in schema.items() if k != key and (k in HANDLED or k == PROPERTY_CHAINS)
         }
-        branches, schemas = [], []
+        schemas = []
         for i, sub in enumerate(schema[key]):
             merged = (
                 interleaved(
@@ -289,14 +290,35 @@ class SchemaConverter(ContainerConverter):
                 else sub
             )
             schemas.append(merged)
-            branches.append(self.convert(merged, f"{where}/{key}/{i}"))
+        if key == "oneOf":
+            schemas = self._drop_shared_types(schemas, where)
+        branches = [self.convert(s, f"{where}/{key}/{i}") for i, s in enumerate(schemas)]
         if key == "oneOf":
             self._check_exclusive(schemas, branches, where)
         return Alt(tuple(branches))
 
+    def _prover(self, where: str) -> DisjointProver:
+        inline = lambda s: self.schemas.flatten(s, where)  # noqa: E731
+        return DisjointProver(inline, FORMATS, HANDLED | UNSUPPORTED, self.deadline)
+
+    def _drop_shared_types(self, schemas: list, where: str) -> list:
+        """`oneOf` branches without the JSON types that two of them accept whole (no value of
+        such a type matches exactly one branch)."""
+        whole = [self._prover(where).whole_types(s) for s in schemas]
+        drop = {t for t in TYPES if sum(t in w for w in whole) >= 2}
+        if "number" not in drop:
+            drop.discard("integer")  # "number but not integer" is no `type`
+        if not drop:
+            return schemas
+        kept = {"type": [t for t in TYPES if t not in drop]}
+        return [
+            self.schemas.merge(self.schemas.flatten(s, f"{where}/oneOf/{i}"), kept, where)
+            for i, s in enumerate(schemas)
+        ]
+
     def _check_exclusive(self, schemas: list, branches: list, where: str) -> None:
         """Raise unless every pair of `oneOf` branches is proven to share no value."""
-        prover = DisjointProver(lambda s: self.schemas.inline(s, where), FORMATS, self.deadline)
+        prover = self._prover(where)
         for i in range(len(schemas)):
             for j in range(i + 1, len(schemas)):
                 self.deadline.check()

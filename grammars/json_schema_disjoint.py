@@ -4,8 +4,10 @@
 union of the branches, so a pair of branches is allowed only when this module (or the JSON type
 check in `disjoint`) proves them exclusive. The proof is sound but incomplete: a branch pair is
 disjoint when their JSON types cannot meet, when their `const`/`enum` values cannot meet or fail
-the other branch's simple assertions, or (for objects) when some property is required by both
-with disjoint schemas, or required by one and forbidden by the other.
+the other branch's simple assertions, or (for objects) when some property is required by one
+branch and its schemas in the two branches are disjoint (the other forbidding it included).
+`whole_types` finds the JSON types a branch accepts whole: a type two branches accept whole
+has no value that `oneOf` allows, so the converter takes it out of every branch first.
 """
 
 from __future__ import annotations
@@ -18,6 +20,21 @@ from .nfa import CompileTimeout, Deadline
 from .regex_algebra import search
 
 _TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
+# Keywords that constrain values of one JSON type only (numbers' apply to integers too).
+TYPE_KEYWORDS = {
+    "object": {
+        "properties", "required", "additionalProperties", "patternProperties", "minProperties",
+        "maxProperties", "dependencies", "dependentRequired", "dependentSchemas", "propertyNames",
+        "unevaluatedProperties",
+    },
+    "array": {
+        "items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
+        "contains", "minContains", "maxContains", "unevaluatedItems",
+    },
+    "string": {"minLength", "maxLength", "pattern", "format"},
+    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
+}  # fmt: skip
+_TYPED = set().union(*TYPE_KEYWORDS.values())
 
 
 def json_key(value) -> str:
@@ -79,12 +96,29 @@ def _types(schema) -> set[str]:
 
 
 class DisjointProver:
-    """Proves branch exclusivity; `inline(schema)` must resolve a top-level `$ref`."""
+    """Proves branch exclusivity; `inline(schema)` must resolve a top-level `$ref` (and may
+    merge `allOf` parts in)."""
 
-    def __init__(self, inline, formats: dict[str, str], deadline: Deadline):
+    def __init__(self, inline, formats: dict[str, str], vocabulary: set[str], deadline: Deadline):
         self.inline = inline
         self.formats = formats
+        self.vocabulary = vocabulary  # the keywords that constrain values
         self.deadline = deadline
+
+    def whole_types(self, schema) -> set[str]:
+        """The JSON types every value of which `schema` accepts (proven; may miss some)."""
+        schema = self._resolve(schema)
+        if schema is True or schema == {}:
+            return set(_TYPES)
+        if not isinstance(schema, dict):
+            return set()
+        applied = {k for k in schema if k in self.vocabulary and k != "type"}
+        out = set()
+        for kind in _types(schema):
+            own = TYPE_KEYWORDS.get("number" if kind == "integer" else kind, set())
+            if applied <= _TYPED - own:
+                out.add(kind)
+        return out
 
     def disjoint(self, a, b, depth: int = 0) -> bool:
         if depth > 8:
@@ -111,17 +145,18 @@ class DisjointProver:
         return False
 
     def _objects_disjoint(self, a, b, depth: int) -> bool:
+        # A property one side requires must, where the other has it, meet both its schemas.
         req_a, req_b = set(a.get("required", [])), set(b.get("required", []))
         for key in req_a | req_b:
             sa, sb = self._property(a, key), self._property(b, key)
-            if key in req_a and key in req_b and self.disjoint(sa, sb, depth + 1):
-                return True
-            if (key in req_a and sb is False) or (key in req_b and sa is False):
+            if self.disjoint(sa, sb, depth + 1):
                 return True
         return False
 
-    def excludes(self, schema, value) -> bool:
+    def excludes(self, schema, value, depth: int = 0) -> bool:
         """True when `value` is proven invalid under `schema`."""
+        if depth > 8:
+            return False
         schema = self._resolve(schema)
         if schema is False:
             return True
@@ -137,6 +172,10 @@ class DisjointProver:
             return self._string_excludes(schema, value)
         if kind in ("integer", "number"):
             return _number_excludes(schema, value)
+        if kind == "object":
+            return any(key not in value for key in schema.get("required", [])) or any(
+                self.excludes(self._property(schema, key), v, depth + 1) for key, v in value.items()
+            )
         return False
 
     def _string_excludes(self, schema, value: str) -> bool:

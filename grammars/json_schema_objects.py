@@ -24,24 +24,21 @@ import itertools
 import math
 
 from .json_schema_disjoint import json_key
+from .json_schema_names import PatternNames
 from .json_schema_strings import compact_json, json_chars, json_string_literal
-from .regex_algebra import ANY_CHAR, combine, exclude_words, search
+from .regex_algebra import exclude_words
 from .regex_ir import (
     EMPTY,
     Alt,
-    Chars,
     Repeat,
     alt,
     literal,
     map_chars,
-    parse_search_regex,
     seq,
-    star,
 )
 from .regex_terms import NEVER
 
 MAX_DEPENDENCY_CASES = 64
-ANY_NAME = star(Chars(ANY_CHAR))
 DEPENDENCY_KEYS = ("dependencies", "dependentRequired", "dependentSchemas")
 # Not a JSON Schema keyword ("$" names are reserved to the specification, so no user schema
 # sets it by accident): [[key, ...], ...], the chains of a merged schema's properties.
@@ -129,12 +126,10 @@ class ContainerConverter:
         props = schema.get("properties", {})
         required = list(schema.get("required", []))
         extra_schema = schema.get("additionalProperties", True)
-        patterns = [
-            (parse_search_regex(p), p, s) for p, s in schema.get("patternProperties", {}).items()
-        ]
+        patterns = PatternNames(schema.get("patternProperties", {}), self.deadline)
 
         def schema_of(key: str, declared):
-            hits = [s for _ir, p, s in patterns if search(p, key, self.deadline)]
+            hits = [s for s, on in zip(patterns.schemas, patterns.matched(key), strict=True) if on]
             if declared is None:
                 return {"allOf": hits} if hits else extra_schema
             return {"allOf": [declared, *hits]} if hits else declared
@@ -204,32 +199,24 @@ class ContainerConverter:
         start = rest[(0,) * len(chains), 0, True]
         return seq(literal("{"), self.ws, start, self.ws, literal("}"))
 
-    def _extra_pair(self, declared: list[str], patterns: list, extra_schema, where: str):
+    def _extra_pair(self, declared: list[str], patterns: PatternNames, extra_schema, where: str):
         """IR of one `"name":value` pair for a property not declared, or None if none may be."""
+        signatures = {key: patterns.matched(key) for key in declared}
         options = []
-        for chosen in itertools.product((False, True), repeat=len(patterns)):
+        for chosen in patterns.classes(where):
             self.deadline.check()
-            subs = [s for (_ir, _p, s), on in zip(patterns, chosen, strict=True) if on]
+            subs = [s for s, on in zip(patterns.schemas, chosen, strict=True) if on]
             sub = {"allOf": subs} if subs else extra_schema
             if sub is False:
                 continue
-            # Declared names in this class of pattern matches are written where declared.
-            kinds = [p for _ir, p, _s in patterns]
-            taken = [
-                k for k in declared if tuple(search(p, k, self.deadline) for p in kinds) == chosen
-            ]
-            names = ANY_NAME
-            if patterns:
-                want = tuple(chosen)
-                irs = [ir for ir, _p, _s in patterns]
-                names = combine(irs, lambda got, want=want: got == want, self.deadline)
-            names = exclude_words(names, taken, self.deadline)
+            # Declared names in this class are written where declared.
+            taken = [k for k in declared if signatures[k] == chosen]
+            names = exclude_words(patterns.names(chosen), taken, self.deadline)
             if names is NEVER:
                 continue
             value = self.convert(sub, f"{where}/additionalProperties")
-            if value is NEVER:
-                continue
-            options.append(seq(self._name_ir(names), self._tok(":"), value))
+            if value is not NEVER:
+                options.append(seq(self._name_ir(names), self._tok(":"), value))
         return Alt(tuple(options)) if options else None
 
     # ---- arrays ----------------------------------------------------------------------------

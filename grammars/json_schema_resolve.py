@@ -19,12 +19,16 @@ bare `{"$ref": ...}` schemas is followed in a loop and costs one level); past ei
 
 from __future__ import annotations
 
+import json
+import re
 import urllib.parse
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Any
 
 from .json_schema_disjoint import json_common
 from .json_schema_numbers import check_numbers
+from .json_schema_strings import FORMATS
 from .nfa import Deadline
 from .regex_algebra import search
 
@@ -45,6 +49,7 @@ UNSUPPORTED = {
 }  # fmt: skip
 TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
+MAX_MERGED_BRANCHES = 64  # branches of two anyOf/oneOf lists merged in allOf (the pairs)
 MAX_SCHEMA_DEPTH = 128  # nested conversions/merges (~4 Python frames each)
 MAX_DOCUMENT_DEPTH = 2 * MAX_SCHEMA_DEPTH  # arrays/objects in the schema document
 # Keywords whose value maps names to schemas (names kept in order) or is data (kept as is).
@@ -59,6 +64,34 @@ def _too_deep(where: str, what: str, limit: int, knob: str) -> ValueError:
         f"{where}: {what} is nested too deeply: more than {limit} levels ({knob}, kept well "
         "below Python's recursion limit)"
     )
+
+
+@dataclass(frozen=True)
+class SchemaSource:
+    """A JSON Schema request, parsed: what every grammar compiler (ours, the peers') keys on."""
+
+    schema: Any  # as given (a dict or a boolean)
+    canonical: Any  # `canonical_schema(schema)`
+    whitespace_pattern: str | None
+    key: str  # the cache key: the canonical form and the whitespace pattern, as JSON text
+
+
+def parse_schema_source(schema, whitespace_pattern: str | None = None) -> SchemaSource:
+    """`schema` (a dict, a boolean or JSON text) parsed and keyed; ValueError if the text is
+    not JSON or `whitespace_pattern` is not a regex."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"JSON schema text is not valid JSON: {exc}") from None
+    if whitespace_pattern is not None:
+        try:
+            re.compile(whitespace_pattern)
+        except re.error as exc:
+            raise ValueError(f"invalid whitespace_pattern: {exc}") from None
+    canonical = canonical_schema(schema)
+    key = json.dumps([canonical, whitespace_pattern])
+    return SchemaSource(schema, canonical, whitespace_pattern, key)
 
 
 def canonical_schema(schema):
@@ -105,7 +138,7 @@ class SchemaResolver:
     def __init__(self, root, deadline: Deadline):
         self.root = root
         self.deadline = deadline
-        self.stack: list[str] = []  # $refs whose conversion is under way (the converter's)
+        self.ref_siblings = ref_siblings_apply(root)
         self.depth = 0  # conversions and merges under way, nested (`enter`)
         self._keys: dict[int, tuple[object, int]] = {}  # id -> (node kept alive, key)
         self._shapes: dict[Hashable, int] = {}
@@ -151,7 +184,7 @@ class SchemaResolver:
         chain that comes back to itself (a schema with no content)."""
         first, seen = ref, {ref}
         target = self.resolve(ref, where)
-        while isinstance(target, dict) and _bare_ref(target):
+        while isinstance(target, dict) and self.bare_ref(target):
             self.deadline.check()
             ref = target["$ref"]
             if ref in seen:
@@ -159,6 +192,16 @@ class SchemaResolver:
             seen.add(ref)
             target = self.resolve(ref, where)
         return ref, target
+
+    def ref_siblings_of(self, schema: dict) -> dict:
+        """The keywords beside `schema`'s `$ref` that apply (none before draft 2019-09)."""
+        if not self.ref_siblings:
+            return {}
+        return {k: v for k, v in schema.items() if k != "$ref" and k in HANDLED | UNSUPPORTED}
+
+    def bare_ref(self, schema: dict) -> bool:
+        """True for a `$ref` with no keyword beside it that applies."""
+        return "$ref" in schema and not self.ref_siblings_of(schema)
 
     def resolve(self, ref: str, where: str):
         """The subschema a local `$ref` (a JSON pointer fragment) points to."""
@@ -175,12 +218,22 @@ class SchemaResolver:
         while isinstance(schema, dict) and "$ref" in schema:
             self.deadline.check()
             ref = schema["$ref"]
-            if ref in seen or ref in self.stack:
-                raise ValueError(f"{where}: recursive $ref {ref!r} inside allOf is not supported")
+            if ref in seen:
+                raise ValueError(f"{where}: $ref {ref!r} refers back to itself")
             seen.add(ref)
-            rest = {k: v for k, v in schema.items() if k != "$ref"}
+            rest = self.ref_siblings_of(schema)
             schema = self.merge(rest, self.resolve(ref, where), where)
         return schema
+
+    def flatten(self, schema, where: str):
+        """`schema` inlined (`inline`) with its `allOf` parts merged into it."""
+        schema = self.inline(schema, where)
+        if not isinstance(schema, dict) or "allOf" not in schema:
+            return schema
+        merged = {k: v for k, v in schema.items() if k != "allOf"}
+        for i, sub in enumerate(schema["allOf"]):
+            merged = self.merge(merged, self.inline(sub, f"{where}/allOf/{i}"), where)
+        return merged
 
     def merge(self, a, b, where: str):
         """One schema for `allOf: [a, b]`; raises where the two cannot be merged."""
@@ -236,8 +289,15 @@ class SchemaResolver:
                 val, bool
             ):
                 out[key] = min(out[key], val)
+            elif key == "format" and val not in FORMATS:
+                continue  # an annotation (see `json_schema`)
+            elif key == "format" and out[key] not in FORMATS:
+                out[key] = val
             elif key == "enum":
                 out[key] = json_common(list(out[key]), list(val))
+            elif key in ("anyOf", "oneOf") and len(out[key]) * len(val) <= MAX_MERGED_BRANCHES:
+                # Exactly one (or any) of each list holds <=> of the pairs, exactly one (any).
+                out[key] = [{"allOf": [x, y]} for x in out[key] for y in val]
             elif key == "items" and "prefixItems" not in a and "prefixItems" not in b:
                 out[key] = {"allOf": [out[key], val]}
             elif out[key] != val:
@@ -274,11 +334,16 @@ def _unlisted_schema(patterns: dict | None, additional, key: str, deadline: Dead
     return {"allOf": hits} if hits else additional
 
 
-def _bare_ref(schema: dict) -> bool:
-    """True for `{"$ref": ...}` with annotations at most (no other keyword)."""
-    return "$ref" in schema and not any(
-        k != "$ref" and (k in HANDLED or k in UNSUPPORTED) for k in schema
-    )
+def ref_siblings_apply(root) -> bool:
+    """Whether keywords beside a `$ref` apply: from draft 2019-09 on; drafts 3 to 7 ignore
+    them. The draft is the one `$schema` names; without it, a document with `definitions`
+    and no `$defs` is taken for draft 7 or older."""
+    if not isinstance(root, dict):
+        return True
+    dialect = root.get("$schema")
+    if isinstance(dialect, str):
+        return re.search(r"draft-0[3-7]", dialect) is None
+    return "definitions" not in root or "$defs" in root
 
 
 def json_pointer(root: Any, ref: str) -> Any:

@@ -2,7 +2,8 @@
 
 Strings use the shortest JSON escapes (`\\"`, `\\\\`, `\\n`, `\\u001f`, ...); a `pattern` or
 `format` is built over code points, intersected with `minLength`/`maxLength` or an exclusion
-exactly (`regex_algebra`), then mapped to JSON string characters (`json_chars`).
+exactly (`regex_algebra`), then mapped to JSON string characters (`json_chars`). Length bounds
+stay counts (a repeat, or a `Dfa` with bounds), however large, never unrolled copies.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ _HEX = chars("0-9a-fA-F")
 _SPECIAL = normalize([(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])
 _PLAIN = Chars(complement(_SPECIAL))
 _ANY_CHAR = Chars(ANY_CHAR)
+# Escapes share their backslash: a repeat builds this once per count it reaches.
 JSON_CHAR = alt(
-    _PLAIN, seq(literal("\\"), chars('"\\\\/bfnrt')), seq(literal("\\u"), _HEX, _HEX, _HEX, _HEX)
+    _PLAIN, seq(chars("\\\\"), alt(chars('"\\\\/bfnrt'), seq(chars("u"), _HEX, _HEX, _HEX, _HEX)))
 )
 _DATE = (
     r"([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
@@ -68,6 +70,19 @@ def _escape_char(cp: int) -> str:
     return json.dumps(chr(cp))[1:-1]
 
 
+def _prefix_tree(texts: list[str]):
+    """IR for exactly `texts` (distinct, non-empty) with common prefixes shared and final
+    characters in one class: the 34 JSON escapes share their `\\` and `\\u00`."""
+    last = normalize([(ord(t), ord(t)) for t in texts if len(t) == 1])
+    longer: dict[str, list[str]] = {}
+    for t in texts:
+        if len(t) > 1:
+            longer.setdefault(t[0], []).append(t[1:])
+    options = [Chars(last)] if last else []
+    options += [seq(Chars(((ord(c), ord(c)),)), _prefix_tree(rest)) for c, rest in longer.items()]
+    return options[0] if len(options) == 1 else Alt(tuple(options))
+
+
 _JSON_CHARS: dict[tuple, object] = {}
 
 
@@ -76,9 +91,9 @@ def json_chars(node: Chars):
     got = _JSON_CHARS.get(node.ranges)
     if got is None:
         plain = subtract(node.ranges, _SPECIAL)
-        escaped = [literal(_escape_char(cp)) for lo, hi in intersect(node.ranges, _SPECIAL)
+        escaped = [_escape_char(cp) for lo, hi in intersect(node.ranges, _SPECIAL)
                    for cp in range(lo, hi + 1)]  # fmt: skip
-        got = Alt((Chars(plain), *escaped)) if escaped else Chars(plain)
+        got = Alt((Chars(plain), _prefix_tree(escaped))) if escaped else Chars(plain)
         if len(_JSON_CHARS) < 4096:
             _JSON_CHARS[node.ranges] = got
     return got

@@ -1,24 +1,38 @@
-"""Byte-level NFA built from the regex IR, and its lazily determinized DFA.
+"""Byte-level NFA over the regex IR, built lazily, and its lazily determinized DFA.
 
-The NFA is built backwards (`add(node, next_state) -> start_state`): compiling the same IR node
-with the same continuation twice reuses the first copy, so shared suffixes (JSON objects with
-optional properties, array separators) stay linear in size. Edges carry byte ranges; a code
-point set becomes its UTF-8 byte-range sequences, so a DFA state can sit in the middle of a
-multi-byte character.
+An NFA state stands for a place in the IR and what follows it: `add(node, next_state)` makes
+(or finds) the state that reads `node` and then goes on to `next_state`, without looking
+inside `node`; the state's epsilon moves are made the first time the DFA asks for them
+(`moves`). So what is built is what a walk visits, not the whole language: a large schema
+whose generation touches a small part of its IR builds that part. Equal (node, continuation)
+pairs are one state, so the IR's sharing (it is a DAG) carries over.
 
-Every NFA state can reach an accepting state: a node that matches nothing (an empty
-character set, an empty alternation, or a sequence holding one) compiles to -1 and is left out
-of what contains it. States with equal edges are built once (a character set is keyed by its
-ranges and continuation, an alternation by its branches), and a bounded repeat `x{0,n}` is
-nested as `(x(x(...)?)?)?`, so the closure of a state inside it stays small.
+Bounded repeats are counters. A repeat's body is built once, ending in an end state of its
+own; the state after k copies is (node, k, next), and the body's states at count k are
+*lifted* states, (body state, end, count state): the body's moves and edges with the end
+replaced by the count state, made when a walk reaches them. So `x{0,32767}` builds x once and
+a few lifted states per count a walk reads, and no bound is ever unrolled. A body that
+matches the empty word is replaced by its non-empty words first (`regex_facts`), so a count
+moves only when a byte is read and a closure never runs through the counts. Past a counter's
+minimum a smaller count allows everything a larger one does, so a DFA state keeps one lifted
+state per place in the body (`prune`), however many counts an ambiguous body such as
+`(a?b?){0,1000}` could be at. A `Dfa` node (regex_algebra's explicit DFAs) is walked the same
+way, its (table state, code points read) as the count when its words have length bounds.
 
-An NFA holds at most `MAX_NFA_STATES` states: a repeat is copied once per repetition, so
-after its first copy the builder knows what the rest will take and fails at once, naming
-the limit, rather than running into the compile deadline.
+Edges carry byte ranges; a code point set becomes its UTF-8 byte-range sequences, so a DFA
+state can sit in the middle of a multi-byte character. Every NFA state can reach an accepting
+state: a node that matches nothing (an empty character set, an empty alternation, a sequence
+holding one, a Dfa whose length bounds cannot be met) compiles to -1 and is left out of what
+contains it, and a Dfa's (state, count) is made only while its bounds can still be met.
+
+An NFA holds at most `MAX_NFA_STATES` states. Until compilation ends the compile deadline
+bounds its work; once a LazyDFA uses it, what it builds is charged to the grammar's budget
+as it is built and the budget's clock bounds the work.
 
 The DFA is built on demand: a state is the set of NFA states with byte edges or tags in an
 epsilon closure, interned to an int; its 256-entry row of successors (-1 = dead) is computed
-the first time someone asks for it.
+the first time someone asks for it. (One module past 400 lines: the DFA's closure and the
+NFA's lazily made moves, lifts and pruning are two halves of one construction.)
 """
 
 from __future__ import annotations
@@ -29,11 +43,17 @@ import time
 
 import numpy as np
 
-from .budget import GrammarBudget
-from .regex_ir import Alt, Chars, Ref, Repeat, Seq, utf8_sequences
+from .budget import GrammarBudget, GrammarBudgetExceeded
+from .regex_facts import IrFacts
+from .regex_ir import Alt, Chars, Dfa, Ranges, Repeat, Seq, utf8_sequences
 from .states import DICT_ENTRY_BYTES, StateRows
 
 MAX_NFA_STATES = 500_000
+_CHECK_EVERY = 256  # closure steps between clock checks
+
+# Per NFA state: its two lists, its id, its key and todo entry (measured, roughly).
+_NFA_STATE_BYTES = 2 * sys.getsizeof([]) + 32 + 200
+_EDGE_BYTES = sys.getsizeof((0, 0, 0)) + 8  # a (lo, hi, target) tuple and its list slot
 
 
 class CompileTimeout(ValueError):
@@ -55,118 +75,242 @@ class Deadline:
             )
 
 
-def _too_many_states(what: str) -> ValueError:
-    return ValueError(
-        f"{what} needs more than {MAX_NFA_STATES} NFA states, the limit per grammar "
-        "(MAX_NFA_STATES)"
-    )
-
-
 @functools.lru_cache(maxsize=4096)
 def _sequences(ranges: tuple) -> tuple:
     return tuple(tuple(seq) for lo, hi in ranges for seq in utf8_sequences(lo, hi))
 
 
 class NFA:
-    """Byte-range NFA; `tags[state]` marks accepting states (terminal id for lexers, 0 else)."""
+    """Lazy byte-range NFA; `tags[state]` marks accepting states (terminal id for lexers, 0 else)."""
 
     def __init__(self, deadline: Deadline | None = None):
-        self.eps: list[list[int]] = []
-        self.edges: list[list[tuple[int, int, int]]] = []
         self.tags: dict[int, int] = {}
-        self._memo: dict[tuple[int, int], tuple[object, int]] = {}
-        self._shared: dict[tuple, int] = {}
-        self._deadline = deadline or Deadline(None)
+        self.deadline = deadline or Deadline(None)
+        self.budget: GrammarBudget | None = None  # set by the LazyDFA that walks it
+        self.nbytes = 0
+        self.facts = IrFacts(self.check, lambda ranges: not _sequences(ranges))
+        # None: not made yet (a lifted state's moves or edges, made on first use)
+        self._eps: list[list[int] | None] = []
+        self._edges: list[list[tuple[int, int, int]] | None] = []
+        self._todo: dict[int, tuple[object, object, int]] = {}  # state -> (node, arg, next)
+        self._ids: dict[tuple, int] = {}  # (id(node), arg, next) -> state
+        self._shared: dict[tuple, int] = {}  # character states by ranges and continuation
+        self._ends: dict[int, int] = {}  # id(counted node) -> the end state of its body
+        self._bodies: dict[tuple, tuple[object, int]] = {}  # (id(node), ranges) -> (IR, start)
+        self._lifts: dict[tuple[int, int, int], int] = {}  # (state, end, target) -> lifted
+        self._lifted: dict[int, tuple[int, int, int]] = {}  # lifted -> (state, end, target)
+        self._order: dict[int, tuple[tuple, int]] = {}  # counter -> (its counter, its count)
 
-    def new_state(self) -> int:
-        if len(self.eps) >= MAX_NFA_STATES:
-            raise _too_many_states("the grammar")
-        self.eps.append([])
-        self.edges.append([])
-        return len(self.eps) - 1
+    def __len__(self) -> int:
+        return len(self._eps)
+
+    def check(self) -> None:
+        """The compile deadline while compiling, the budget's clock after."""
+        if self.budget is None or self.budget.limits is None:
+            self.deadline.check()
+        else:
+            self.budget.check_time()
+
+    def _charge(self, nbytes: int) -> None:
+        if self.budget is not None:
+            self.budget.charge(nbytes)
+        self.nbytes += nbytes
+
+    def new_state(self, lazy: bool = False) -> int:
+        """A state without moves or edges yet (`lazy`: both made on first use)."""
+        if len(self._eps) >= MAX_NFA_STATES:
+            raise GrammarBudgetExceeded(
+                "MAX_NFA_STATES", f"more than {MAX_NFA_STATES} NFA states, the limit per grammar"
+            )
+        self._charge(_NFA_STATE_BYTES)
+        self._eps.append(None if lazy else [])
+        self._edges.append(None if lazy else [])
+        return len(self._eps) - 1
 
     def add(self, node, nxt: int) -> int:
-        """Compile `node` so that it ends in state `nxt`; its start state, -1 if it matches nothing."""
-        key = (id(node), nxt)
-        hit = self._memo.get(key)
-        if hit is not None:
-            return hit[1]
-        if len(self._memo) & 1023 == 0:
-            self._deadline.check()
-        start = self._build(node, nxt)
-        self._memo[key] = (node, start)
-        return start
-
-    def _build(self, node, nxt: int) -> int:
+        """A state that reads `node`, then goes on to `nxt`; -1 if `node` matches nothing."""
+        if self.facts.dead(node):
+            return -1
         if isinstance(node, Chars):
             return self._chars(node.ranges, nxt)
         if isinstance(node, Seq):
-            for item in reversed(node.items):
-                nxt = self.add(item, nxt)
-                if nxt < 0:
-                    return -1
-            return nxt
-        if isinstance(node, Alt):
-            return self._alt([self.add(item, nxt) for item in node.items])
-        if isinstance(node, Repeat):
-            return self._repeat(node, nxt)
-        if isinstance(node, Ref):
-            raise ValueError(f"rule reference {node.name!r} inside a regular expression")
-        raise TypeError(f"not a regex IR node: {node!r}")
+            return self._rest(node, 0, nxt)
+        if isinstance(node, Dfa):
+            return self._counter(node, (node.start, 0), nxt)
+        return (
+            self._counter(node, 0, nxt) if isinstance(node, Repeat) else self._state(node, 0, nxt)
+        )
 
-    def _alt(self, starts: list[int]) -> int:
-        live = tuple(sorted({s for s in starts if s >= 0}))
-        if len(live) <= 1:
-            return live[0] if live else -1
-        key = ("alt", live)
-        got = self._shared.get(key)
+    def moves(self, state: int) -> list[int]:
+        """The epsilon moves of `state`, made now if they were not yet."""
+        eps = self._eps[state]
+        if eps is None:
+            return self._unwrap(state, True)
+        todo = self._todo.pop(state, None)
+        if todo is not None:
+            eps = self._node_moves(state, todo)
+        return eps
+
+    def edges(self, state: int) -> list[tuple[int, int, int]]:
+        """The byte edges (lo, hi, target) of `state`."""
+        edges = self._edges[state]
+        if edges is None:
+            return self._unwrap(state, False)
+        return edges
+
+    def has_edges(self, state: int) -> bool:
+        """Whether `state` has byte edges (without making a lifted state's)."""
+        while state in self._lifted:
+            state = self._lifted[state][0]
+        return bool(self._edges[state])
+
+    def prune(self, states: list[int]) -> list[int]:
+        """`states` less the lifted ones that another one subsumes: the same place in the same
+        counted body, one count further past the counter's minimum (a smaller count allows every
+        word a larger one does, so the set's language stays the same while its size stops
+        growing with the counts an ambiguous body like `(a?b?){0,1000}` can be at)."""
+        best: dict[tuple, tuple[int, int]] = {}
+        out = []
+        for s in states:
+            lift = self._lifted.get(s)
+            order = None if lift is None else self._order.get(lift[2])
+            if order is None:
+                out.append(s)
+                continue
+            key = (lift[0], lift[1], order[0])
+            got = best.get(key)
+            if got is None or order[1] < got[1]:
+                best[key] = (s, order[1])
+        out.extend(s for s, _count in best.values())
+        return out
+
+    def _node_moves(self, state: int, todo: tuple[object, object, int]) -> list[int]:
+        node, arg, nxt = todo
+        if isinstance(node, Seq):
+            out = [self.add(node.items[arg], self._rest(node, arg + 1, nxt))]
+        elif isinstance(node, Alt):
+            out = [self.add(item, nxt) for item in node.items]
+        elif isinstance(node, Repeat):
+            out = self._repeat_moves(node, arg, nxt)
+        else:
+            out = self._dfa_moves(node, arg, nxt)
+        live = [t for t in out if t >= 0]
+        self._charge(8 * len(live))
+        self._eps[state] = live
+        return live
+
+    def _unwrap(self, state: int, moves: bool) -> list:
+        """Moves (or edges) of a lifted state: down its lifts (a loop, however deep they nest)
+        to a state whose list is made, then back up, lifting the list once per level."""
+        lists = self._eps if moves else self._edges
+        chain = []
+        while lists[state] is None:
+            chain.append(state)
+            state = self._lifted[state][0]
+        inner = self.moves(state) if moves else lists[state]
+        for lifted in reversed(chain):
+            _x, end, target = self._lifted[lifted]
+            if moves:
+                inner = [target if t == end else self._lift(t, end, target) for t in inner]
+            else:
+                inner = [(lo, hi, target if t == end else self._lift(t, end, target))
+                         for lo, hi, t in inner]  # fmt: skip
+            lists[lifted] = inner
+            self._charge((8 if moves else _EDGE_BYTES) * len(inner))
+        return inner
+
+    def _lift(self, state: int, end: int, target: int) -> int:
+        """`state` of a counted body built once to end in `end`, going on to `target` instead:
+        the body's states are shared by every count, a lifted state per place and count is
+        made only when a walk reaches it."""
+        if state == end:
+            return target
+        key = (state, end, target)
+        got = self._lifts.get(key)
         if got is None:
-            got = self._shared[key] = self.new_state()
-            self.eps[got].extend(live)
+            got = self._lifts[key] = self.new_state(lazy=True)
+            self._lifted[got] = key
         return got
 
-    def _repeat(self, node: Repeat, nxt: int) -> int:
-        if node.hi is not None and node.hi < node.lo:
-            raise ValueError(f"repeat with max {node.hi} < min {node.lo}")
-        left = node.lo + (1 if node.hi is None else node.hi - node.lo)  # copies to build
-        if node.hi is None:
-            loop = self.new_state()
-            left -= 1
-            body = self._copy(node, loop, left)
-            self.eps[loop].extend((body, nxt) if body >= 0 else (nxt,))
-            nxt = loop
-        else:
-            # x{0,n} as (x(x(...)?)?)?: each optional copy skips straight to the end.
-            end = nxt
-            for _ in range(node.hi - node.lo):
-                left -= 1
-                body = self._copy(node, nxt, left, skip_to=end)
-                if body < 0:
-                    break
-                nxt = body
-        for _ in range(node.lo):
-            left -= 1
-            nxt = self._copy(node, nxt, left)
-            if nxt < 0:
-                return -1
-        return nxt
+    def _state(self, node, arg: object, nxt: int) -> int:
+        key = (id(node), arg, nxt)  # `facts` keeps every node it has seen alive
+        got = self._ids.get(key)
+        if got is None:
+            got = self._ids[key] = self.new_state()
+            self._todo[got] = (node, arg, nxt)
+        return got
 
-    def _copy(self, node: Repeat, nxt: int, left: int, skip_to: int | None = None) -> int:
-        """One copy of a repeated item (optional, skipping to `skip_to`, when that is given).
+    def _counter(self, node: Repeat | Dfa, arg: object, nxt: int) -> int:
+        """The state of a counted node: `arg` is the count of a Repeat, (table state, count) of
+        a Dfa. Past the node's minimum count, `prune` may drop it for a smaller count."""
+        got = self._state(node, arg, nxt)
+        if isinstance(node, Repeat):
+            if arg >= self.facts.counted(node)[1]:
+                self._order[got] = ((id(node), nxt), arg)
+        elif arg[1] >= node.lo:
+            self._order[got] = ((id(node), arg[0], nxt), arg[1])
+        return got
 
-        Fails fast when `left` more copies of the same size would pass `MAX_NFA_STATES`.
+    def _rest(self, node: Seq, i: int, nxt: int) -> int:
+        """State reading `node.items[i:]`, then going on to `nxt`.
+
+        A run of characters at its head is built at once, right to left (a literal costs its
+        length whenever it is reached); the item after the run waits in a state of its own.
         """
-        self._deadline.check()
-        before = len(self.eps)
-        start = self._build(node.item, nxt)
-        if skip_to is not None and start >= 0:
-            start = self._alt([start, skip_to])
-        if len(self.eps) + max(len(self.eps) - before, 1) * left > MAX_NFA_STATES:
-            hi = "" if node.hi is None else node.hi
-            raise _too_many_states(f"the repeat {{{node.lo},{hi}}}")
-        return start
+        items = node.items
+        j = i
+        while j < len(items) and isinstance(items[j], Chars):
+            j += 1
+        target = nxt if j == len(items) else self._state(node, j, nxt)
+        for k in range(j - 1, i - 1, -1):
+            target = self._chars(items[k].ranges, target)
+        return target
 
-    def _chars(self, ranges: tuple, nxt: int) -> int:
+    def _end(self, node) -> int:
+        got = self._ends.get(id(node))
+        if got is None:
+            got = self._ends[id(node)] = self.new_state()
+        return got
+
+    def _body(self, node: Repeat | Dfa, ranges: Ranges | None) -> int:
+        """Start of what `node` reads for one count (a Repeat's body; what a Dfa reads for the
+        code points `ranges`), built once and ending in `node`'s end state; -1 if it matches
+        nothing."""
+        key = (id(node), ranges)
+        got = self._bodies.get(key)
+        if got is None:
+            if ranges is None:
+                ir = self.facts.counted(node)[0]
+            else:
+                ir = Chars(ranges) if node.spell is None else node.spell(Chars(ranges))
+            got = self._bodies[key] = (ir, self.add(ir, self._end(node)))
+        return got[1]
+
+    def _repeat_moves(self, node: Repeat, k: int, nxt: int) -> list[int]:
+        """Moves after k copies: out when k is enough, into one more copy when allowed."""
+        body, lo, hi = self.facts.counted(node)
+        out = [nxt] if k >= lo else []
+        if body is not None and (hi is None or k < hi):
+            more = k + 1 if hi is not None or k < lo else k  # unbounded: count only to lo
+            start = self._body(node, None)
+            if start >= 0:
+                out.append(self._lift(start, self._end(node), self._counter(node, more, nxt)))
+        return out
+
+    def _dfa_moves(self, node: Dfa, arg: tuple[int, int], nxt: int) -> list[int]:
+        """Moves of a Dfa state `arg` = (table state, code points read)."""
+        table, (s, count) = node.table, arg
+        out = [nxt] if table.accepting[s] and count >= node.lo else []
+        more = count + 1 if node.hi is not None or count < node.lo else count
+        for ranges, t in table.moves[s]:
+            if table.live(t, more, node.lo, node.hi, self.check):
+                start = self._body(node, ranges)
+                if start >= 0:
+                    target = self._counter(node, (t, more), nxt)
+                    out.append(self._lift(start, self._end(node), target))
+        return out
+
+    def _chars(self, ranges: Ranges, nxt: int) -> int:
         key = (ranges, nxt)
         got = self._shared.get(key)
         if got is not None:
@@ -176,11 +320,12 @@ class NFA:
             self._shared[key] = -1
             return -1
         start = self._shared[key] = self.new_state()
-        edges = self.edges[start]
+        edges = self._edges[start]
         for seq in sequences:
             lo, hi = seq[0]
             target = nxt if len(seq) == 1 else self._tail(seq[1:], nxt)
             edges.append((lo, hi, target))
+        self._charge(len(sequences) * _EDGE_BYTES + DICT_ENTRY_BYTES)
         return start
 
     def _tail(self, ranges: tuple, nxt: int) -> int:
@@ -190,39 +335,47 @@ class NFA:
         if got is None:
             target = nxt if len(ranges) == 1 else self._tail(ranges[1:], nxt)
             got = self._shared[key] = self.new_state()
-            self.edges[got].append((ranges[0][0], ranges[0][1], target))
+            self._edges[got].append((ranges[0][0], ranges[0][1], target))
+            self._charge(_EDGE_BYTES + DICT_ENTRY_BYTES)
         return got
 
 
 class LazyDFA:
     """Determinize an NFA on demand; states are ints, rows are int32[256] (-1 = dead).
 
-    Work and memory count against `budget`: DFA states and the target sets that lead to them
-    are charged, the number of states and the NFA states in one are limited.
+    Work and memory count against `budget`: the NFA states built from now on, DFA states and
+    the target sets that lead to them are charged, the number of states and the NFA states
+    in one are limited.
     """
 
     def __init__(self, nfa: NFA, budget: GrammarBudget | None = None):
         self.nfa = nfa
         self.budget = budget or GrammarBudget()
+        nfa.budget = self.budget
         self._by_targets: dict[frozenset[int], int] = {}
         self.states = StateRows(self.budget, "NFA states")
         self.sets = self.states.sets
 
     def closure(self, states: frozenset[int]) -> frozenset[int]:
-        """NFA states with byte edges or tags reachable from `states` by epsilon moves."""
+        """NFA states with byte edges or tags reachable from `states` by epsilon moves, less
+        the counted ones another subsumes (`NFA.prune`)."""
         # One search from all of them: closures of single states overlap (nested optional
         # repeats), and keeping each one would cost their summed sizes.
         self.budget.check_time()
+        nfa = self.nfa
         seen = set(states)
         stack = list(states)
-        eps = self.nfa.eps
+        steps = 0
         while stack:
-            for t in eps[stack.pop()]:
+            steps += 1
+            if steps % _CHECK_EVERY == 0:
+                nfa.check()
+            for t in nfa.moves(stack.pop()):
                 if t not in seen:
                     seen.add(t)
                     stack.append(t)
-        edges, tags = self.nfa.edges, self.nfa.tags
-        return frozenset(s for s in seen if edges[s] or s in tags)
+        tags = nfa.tags
+        return frozenset(nfa.prune([s for s in seen if nfa.has_edges(s) or s in tags]))
 
     def intern(self, nfa_states) -> int:
         """DFA id of the closure of `nfa_states` (negative ones ignored); -1 when empty."""
@@ -243,7 +396,7 @@ class LazyDFA:
         # Sweep the byte axis: targets enter at an edge's low byte and leave after its high one.
         events: dict[int, list[tuple[int, int]]] = {}
         for s in self.sets[state]:
-            for lo, hi, t in self.nfa.edges[s]:
+            for lo, hi, t in self.nfa.edges(s):
                 events.setdefault(lo, []).append((t, 1))
                 events.setdefault(hi + 1, []).append((t, -1))
         row = np.full(256, -1, dtype=np.int32)
@@ -266,18 +419,6 @@ class LazyDFA:
         return [tags[s] for s in self.sets[state] if s in tags]
 
 
-# Per NFA state: its two lists, its id (an int object) and its build memo entries (measured).
-_NFA_STATE_BYTES = 2 * sys.getsizeof([]) + 32 + 200
-_EDGE_BYTES = sys.getsizeof((0, 0, 0)) + 8  # a (lo, hi, target) tuple and its list slot
-
-
 def nfa_nbytes(nfa: NFA) -> int:
-    """Rough bytes an NFA holds: states, epsilon moves, byte edges, tags."""
-    moves = sum(map(len, nfa.eps))
-    edges = sum(map(len, nfa.edges))
-    return (
-        len(nfa.eps) * _NFA_STATE_BYTES
-        + 8 * moves
-        + edges * _EDGE_BYTES
-        + len(nfa.tags) * DICT_ENTRY_BYTES
-    )
+    """Bytes the NFA has built so far: states, epsilon moves, byte edges."""
+    return nfa.nbytes

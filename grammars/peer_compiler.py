@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import re
 import threading
 from abc import abstractmethod
 from collections import OrderedDict
@@ -27,7 +26,7 @@ from typing import Any, ClassVar, TypeVar
 
 from .budget import GrammarLimits
 from .compiler import DEFAULT_CACHE_MB
-from .json_schema_resolve import canonical_schema
+from .json_schema_resolve import parse_schema_source
 from .nfa import CompileTimeout
 from .peer_matcher import GrammarOptions, PeerGrammar
 from .source_kinds import SourceKinds
@@ -67,18 +66,8 @@ def grammar_source(kind: str, source: Any, *options: Any) -> GrammarSource:
 def _json_schema_source(
     schema: dict | str | bool, whitespace_pattern: str | None = None
 ) -> GrammarSource:
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"JSON schema text is not valid JSON: {exc}") from None
-    if whitespace_pattern is not None:
-        try:
-            re.compile(whitespace_pattern)
-        except re.error as exc:
-            raise ValueError(f"invalid whitespace_pattern: {exc}") from None
-    key = json.dumps([canonical_schema(schema), whitespace_pattern])  # GrammarCompiler's key
-    return GrammarSource("json_schema", key, (schema, whitespace_pattern))
+    source = parse_schema_source(schema, whitespace_pattern)  # GrammarCompiler's key
+    return GrammarSource("json_schema", source.key, (source.schema, whitespace_pattern))
 
 
 def choices_regex(items: Sequence[str]) -> str:

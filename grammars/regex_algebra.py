@@ -4,12 +4,10 @@ The regex IR has no intersection or complement, yet JSON Schema needs them: `pat
 with `minLength`/`maxLength`, property names that match a `patternProperties` pattern but are
 not declared, names that match no pattern. Here an IR becomes an interned term, terms are
 derived by one code point at a time (over a partition of the code points into classes that
-derive alike; `regex_terms`), and the explored automaton is written back as IR.
-
-`restrict_length` unrolls lengths into layers (acyclic, so no regex is rebuilt from cycles);
-`combine` builds the product automaton of several terms and, where a state is just one of the
-terms again, leaves that term as it was; the rest is turned back into IR by state elimination,
-which is exact but grows quickly, so it is capped at `MAX_STATES` states.
+derive alike; `regex_terms`), and the explored product automaton is handed on as a `Dfa` IR
+node (`regex_dfa`), which the NFA walks lazily, length bounds as a count of code points. The
+exploration is a worklist, so no input can exhaust the stack, and its size is bounded by
+`max_states` like any automaton of the grammar.
 
 `search` matches text against a pattern the same way, one derivative per character: linear
 in the text, where Python's backtracking `re` can take exponential time on a request's pattern.
@@ -19,22 +17,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from .budget import GrammarLimits
 from .nfa import Deadline
+from .regex_dfa import DfaTable
 from .regex_ir import (
-    EMPTY,
     MAX_CODEPOINT,
     Alt,
     Chars,
+    Dfa,
     Ranges,
     Repeat,
-    Seq,
+    literal,
     normalize,
     parse_search_regex,
 )
 from .regex_terms import NEVER, NEVER_TERM, Terms
 
-MAX_STATES = 64
 ANY_CHAR = ((0, MAX_CODEPOINT),)
+MAX_STATES = GrammarLimits().max_states  # the default of the grammar_max_states knob
 
 
 def search(pattern: str, text: str, deadline: Deadline | None = None) -> bool:
@@ -56,179 +56,89 @@ def restrict_length(ir, lo: int, hi: int | None, deadline: Deadline | None = Non
     shortest, longest = terms.lengths(start)
     if shortest >= lo and (hi is None or longest <= hi):
         return ir
-    memo: dict[tuple[int, int], object] = {}
-
-    def layer(t: int, n: int):
-        key = (t, n)
-        got = memo.get(key)
-        if got is not None:
-            return got
-        terms.deadline.check()
-        low, high = max(lo - n, 0), None if hi is None else hi - n
-        short, long_ = terms.lengths(t)
-        node = terms.node(t)
-        if long_ < low or (high is not None and short > high):
-            got = NEVER
-        elif short >= low and (high is None or long_ <= high):
-            got = terms.ir(t)
-        elif node[0] == "r" and terms.node(node[1])[0] == "c":
-            caps = [v for v in (node[3], high) if v is not None]
-            top, bottom = (min(caps) if caps else None), max(node[2], low)
-            bad = top is not None and top < bottom
-            got = NEVER if bad else Repeat(terms.ir(node[1]), bottom, top)
-        else:
-            by_target: dict[int, Ranges] = {}
-            for block in terms.classes([t], with_rest=False):
-                d = terms.deriv(t, block[0][0])
-                if d != NEVER_TERM:
-                    by_target[d] = normalize(by_target.get(d, ()) + block)
-            options = [EMPTY] if terms.nullable(t) and low == 0 else []
-            for d, ranges in by_target.items():
-                nxt = layer(d, n + 1)
-                if nxt is not NEVER:
-                    options.append(Seq((Chars(ranges), nxt)))
-            got = Alt(tuple(options))
-        memo[key] = got
-        return got
-
-    return layer(start, 0)
+    if longest < lo or (hi is not None and shortest > hi):
+        return NEVER
+    kind, *fields = terms.node(start)
+    if kind == "r" and terms.node(fields[0])[0] == "c":  # a class repeated: bound the count
+        item, r_lo, r_hi = fields
+        caps = [v for v in (r_hi, hi) if v is not None]
+        return Repeat(Chars(terms.node(item)[1]), max(r_lo, lo), min(caps) if caps else None)
+    table = explore(terms, (start,), lambda got: got[0])
+    if table is None or not table.live(0, 0, lo, hi, terms.deadline.check):
+        return NEVER
+    return Dfa(table, 0, lo, hi)
 
 
 def exclude_words(ir, words: Sequence[str], deadline: Deadline | None = None):
     """IR for the words of `ir` other than `words`."""
     if not words:
         return ir
-    terms = Terms(deadline)
-    trie: list[dict] = [{}]
-    ends: set[int] = set()
-    for word in words:
-        node = 0
-        for ch in word:
-            nxt = trie[node].get(ord(ch))
-            if nxt is None:
-                nxt = trie[node][ord(ch)] = len(trie)
-                trie.append({})
-            node = nxt
-        ends.add(node)
-    memo: dict[tuple[int, int], object] = {}
-
-    def walk(t: int, node: int):
-        key = (t, node)
-        got = memo.get(key)
-        if got is not None:
-            return got
-        terms.deadline.check()
-        children = trie[node]
-        by_target: dict[tuple[int, int], Ranges] = {}
-        singles = [((cp, cp),) for cp in children]
-        for block in terms.classes([t], with_rest=False, extra=singles):
-            cp = block[0][0]
-            d = terms.deriv(t, cp)
-            if d == NEVER_TERM:
-                continue
-            target = (d, children[cp] if block == ((cp, cp),) and cp in children else -1)
-            by_target[target] = normalize(by_target.get(target, ()) + block)
-        options = [EMPTY] if terms.nullable(t) and node not in ends else []
-        for (d, child), ranges in by_target.items():
-            nxt = terms.ir(d) if child < 0 else walk(d, child)
-            if nxt is not NEVER:
-                options.append(Seq((Chars(ranges), nxt)))
-        got = memo[key] = Alt(tuple(options))
-        return got
-
-    out = walk(terms.term(ir), 0)
-    return NEVER if terms.term(out) == NEVER_TERM else out
+    banned = Alt(tuple(literal(w) for w in dict.fromkeys(words)))
+    return combine([ir, banned], lambda got: got[0] and not got[1], deadline)
 
 
 def combine(
     irs: Sequence, accept: Callable[[tuple[bool, ...]], bool], deadline: Deadline | None = None
 ):
-    """IR for the words w for which `accept((w in irs[0], w in irs[1], ...))` holds.
-
-    Raises ValueError when the product automaton needs more than `MAX_STATES` states to be
-    written back as IR.
-    """
+    """IR for the words w for which `accept((w in irs[0], w in irs[1], ...))` holds."""
     terms = Terms(deadline)
     start = tuple(terms.term(ir) for ir in irs)
-    dead_accepts = accept(tuple(False for _ in irs))
-    anything = Repeat(Chars(ANY_CHAR), 0, None)
-    index: dict[tuple[int, ...], int] = {}
-    states: list[tuple[int, ...]] = []
-    eqs: list[tuple[dict, list]] = []  # per state: ({state: IR coefficient}, [IR constants])
+    live = [i for i, t in enumerate(start) if t != NEVER_TERM]
+    if len(live) == 1 and not accept((False,) * len(irs)):
+        only = tuple(i == live[0] for i in range(len(irs)))
+        return irs[live[0]] if accept(only) else NEVER
+    table = explore(terms, start, accept)
+    return NEVER if table is None else Dfa(table, 0)
 
-    def leaf(state: tuple[int, ...]):
-        """IR for `state` when it needs no automaton of its own, else None."""
-        live = [i for i, t in enumerate(state) if t != NEVER_TERM]
-        if not live:
-            return anything if dead_accepts else NEVER
-        if len(live) == 1:
-            only = tuple(i == live[0] for i in range(len(state)))
-            if accept(only) and not dead_accepts:
-                return terms.ir(state[live[0]])
-        return None
 
-    def visit(state: tuple[int, ...]):
-        got = leaf(state)
-        if got is not None:
-            return got
-        if state not in index:
-            if len(states) >= MAX_STATES:
-                raise ValueError(
-                    f"the combined regular expression needs more than {MAX_STATES} states"
-                )
-            index[state] = len(states)
-            states.append(state)
-            eqs.append(({}, []))
-        return index[state]
-
-    whole = leaf(start)
-    if whole is not None:
-        return whole
-    visit(start)
-    i = 0
-    while i < len(states):
+def explore(
+    terms: Terms, start: tuple[int, ...], accept: Callable[[tuple[bool, ...]], bool]
+) -> DfaTable | None:
+    """The product DFA of `start`'s terms, trimmed to states that can reach acceptance (None
+    when the start cannot); raises past `MAX_STATES` states."""
+    rest = accept((False,) * len(start))  # words in none of the languages are accepted
+    index = {start: 0}
+    states = [start]
+    moves: list[list[tuple[Ranges, int]]] = []
+    accepting: list[bool] = []
+    while len(moves) < len(states):
         terms.deadline.check()
-        state = states[i]
-        coeffs, consts = eqs[i]
-        if accept(tuple(terms.nullable(t) for t in state)):
-            consts.append(EMPTY)
-        by_target: dict[object, Ranges] = {}
-        for block in terms.classes([t for t in state if t != NEVER_TERM], with_rest=dead_accepts):
+        state = states[len(moves)]
+        accepting.append(accept(tuple(terms.nullable(t) for t in state)))
+        by_target: dict[int, Ranges] = {}
+        for block in terms.classes([t for t in state if t != NEVER_TERM], with_rest=rest):
             nxt = tuple(terms.deriv(t, block[0][0]) for t in state)
-            target = visit(nxt)
-            if target is NEVER:
+            if not rest and all(t == NEVER_TERM for t in nxt):
                 continue
-            key = target if isinstance(target, int) else id(target)
-            prev = by_target.get(key, (target, ()))
-            by_target[key] = (target, normalize(prev[1] + block))
-        for target, ranges in by_target.values():
-            if isinstance(target, int):
-                coeffs[target] = Chars(ranges)
-            else:
-                consts.append(Seq((Chars(ranges), target)))
-        i += 1
-    out = _eliminate(eqs)
-    return NEVER if terms.term(out) == NEVER_TERM else out
+            j = index.get(nxt)
+            if j is None:
+                if len(states) >= MAX_STATES:
+                    raise ValueError(
+                        f"the combined regular expression needs more than {MAX_STATES} states "
+                        "(the default of grammar_max_states)"
+                    )
+                j = index[nxt] = len(states)
+                states.append(nxt)
+            by_target[j] = by_target.get(j, ()) + block
+        moves.append([(normalize(ranges), j) for j, ranges in by_target.items()])
+    return _trim(moves, accepting)
 
 
-def _eliminate(eqs: list[tuple[dict, list]]):
-    """Solve X_i = sum_j C_ij X_j + K_i for X_0 (Arden's rule, last state first)."""
-    for k in range(len(eqs) - 1, 0, -1):
-        coeffs, consts = eqs[k]
-        loop = coeffs.pop(k, None)
-        prefix = EMPTY if loop is None else Repeat(loop, 0, None)
-        for i in range(k):
-            ci, ki = eqs[i]
-            c = ci.pop(k, None)
-            if c is None:
-                continue
-            head = Seq((c, prefix))
-            for j, cj in coeffs.items():
-                term = Seq((head, cj))
-                ci[j] = term if j not in ci else Alt((ci[j], term))
-            if consts:
-                ki.append(Seq((head, Alt(tuple(consts)))))
-    coeffs, consts = eqs[0]
-    loop = coeffs.pop(0, None)
-    body = Alt(tuple(consts))
-    return body if loop is None else Seq((Repeat(loop, 0, None), body))
+def _trim(moves: list[list[tuple[Ranges, int]]], accepting: list[bool]) -> DfaTable | None:
+    """Drop the states that cannot reach an accepting one and renumber the rest (start 0)."""
+    preds: list[list[int]] = [[] for _ in moves]
+    for s, out in enumerate(moves):
+        for _ranges, t in out:
+            preds[t].append(s)
+    alive = {s for s, a in enumerate(accepting) if a}
+    stack = list(alive)
+    while stack:
+        for p in preds[stack.pop()]:
+            if p not in alive:
+                alive.add(p)
+                stack.append(p)
+    if 0 not in alive:
+        return None
+    new = {s: i for i, s in enumerate(sorted(alive))}
+    kept = [tuple((ranges, new[t]) for ranges, t in moves[s] if t in new) for s in sorted(alive)]
+    return DfaTable(kept, [accepting[s] for s in sorted(alive)])

@@ -1,9 +1,10 @@
 """A small regular-expression tree (the IR every grammar source becomes) and Python `re` parsing.
 
 IR nodes: `Chars` (a set of code points as sorted, disjoint ranges), `Seq`, `Alt`,
-`Repeat(item, lo, hi)` (hi None = unbounded) and `Ref` (a grammar nonterminal, only inside
-context-free rules). Nodes compare by identity so that the NFA builder can share a subtree
-compiled twice with the same continuation.
+`Repeat(item, lo, hi)` (hi None = unbounded), `Dfa` (an explicit code point DFA, what the
+regex algebra of `regex_algebra` builds, optionally with bounds on the length of its words)
+and `Ref` (a grammar nonterminal, only inside context-free rules). Nodes compare by identity
+so that the NFA builder can share a subtree compiled twice with the same continuation.
 
 `parse_regex` reads Python `re` syntax with the stdlib parser and accepts its regular subset:
 back-references, look-arounds, conditionals, atomic groups, possessive repeats and anchors
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 try:  # Python >= 3.11
@@ -47,6 +49,23 @@ class Repeat:
     item: object
     lo: int
     hi: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class Dfa:
+    """Words that `table` (a `regex_dfa.DfaTable`) accepts from state `start` whose length in
+    code points is in [lo, hi] (hi None = unbounded); `spell` writes one code point class as
+    IR (a JSON string's escapes), None for the code points themselves."""
+
+    table: object
+    start: int
+    lo: int = 0
+    hi: int | None = None
+    spell: Callable[[Chars], object] | None = None
+
+    @property
+    def nullable(self) -> bool:
+        return self.lo == 0 and self.table.accepting[self.start]
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,9 +116,14 @@ def intersect(a: Ranges, b: Ranges) -> Ranges:
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=4096)
+def _char(c: str) -> Chars:
+    return Chars(((ord(c), ord(c)),))
+
+
 def literal(text: str) -> Seq:
-    """IR matching exactly `text`."""
-    return Seq(tuple(Chars(((ord(c), ord(c)),)) for c in text))
+    """IR matching exactly `text` (one shared node per character: large enums stay small DAGs)."""
+    return Seq(tuple(map(_char, text)))
 
 
 def chars(spec: str) -> Chars:
@@ -273,6 +297,40 @@ def parse_search_regex(pattern: str, flags: int = 0):
     return _parse(pattern, flags, search=True)
 
 
+def children(node) -> tuple:
+    """The IR nodes directly inside `node` (none for Chars, Dfa and Ref)."""
+    if isinstance(node, (Seq, Alt)):
+        return node.items
+    return (node.item,) if isinstance(node, Repeat) else ()
+
+
+def fold(
+    root,
+    memo: dict,
+    value: Callable[[object, list], object],
+    tick: Callable[[], None] | None = None,
+) -> object:
+    """`value(node, [values of its children])` for `root`, computed bottom-up over the IR DAG
+    with a loop (deep schemas nest IR hundreds of levels) and kept in `memo` by node id, for
+    every node below it too; `tick()` runs once per new node (a clock)."""
+    stack = [root]
+    while stack:
+        node = stack[-1]
+        if id(node) in memo:
+            stack.pop()
+            continue
+        size = len(stack)
+        kids = children(node)
+        stack.extend(k for k in kids if id(k) not in memo)
+        if len(stack) > size:
+            continue
+        stack.pop()
+        memo[id(node)] = value(node, [memo[id(k)] for k in kids])
+        if tick is not None:
+            tick()
+    return memo[id(root)]
+
+
 def map_chars(node, fn, memo: dict | None = None):
     """Copy of `node` with every `Chars` leaf replaced by `fn(leaf)` (shared subtrees stay shared)."""
     memo = {} if memo is None else memo
@@ -287,6 +345,10 @@ def map_chars(node, fn, memo: dict | None = None):
         out = Alt(tuple(map_chars(i, fn, memo) for i in node.items))
     elif isinstance(node, Repeat):
         out = Repeat(map_chars(node.item, fn, memo), node.lo, node.hi)
+    elif isinstance(node, Dfa):
+        inner = node.spell
+        spell = fn if inner is None else lambda c: map_chars(inner(c), fn)
+        out = Dfa(node.table, node.start, node.lo, node.hi, spell)
     else:
         out = node
     memo[key] = (node, out)

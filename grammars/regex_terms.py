@@ -3,6 +3,7 @@
 An IR node becomes a hashable tuple named by an int id (equal terms share one id), so derived
 terms can be compared and used as automaton states; `classes` partitions the code points into
 blocks that every given term derives alike, so an automaton steps per block, not per code point.
+A `Dfa` node (without length bounds or spelling) is one term per state of its table.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from collections.abc import Sequence
 
 from .nfa import Deadline
 from .regex_ir import (
-    EMPTY,
     MAX_CODEPOINT,
     Alt,
     Chars,
+    Dfa,
     Ranges,
     Ref,
     Repeat,
@@ -31,6 +32,11 @@ NEVER = Alt(())  # the IR of the empty language
 EMPTY_TERM, NEVER_TERM = 0, 1  # term ids of the empty string and the empty language
 
 
+def _contains(ranges: Ranges, cp: int) -> bool:
+    i = bisect.bisect_right(ranges, (cp, MAX_CODEPOINT + 1)) - 1
+    return i >= 0 and ranges[i][0] <= cp <= ranges[i][1]
+
+
 class Terms:
     """Interned regex terms (hashable tuples named by int ids) and their derivatives."""
 
@@ -39,7 +45,6 @@ class Terms:
         self._nodes: list[tuple] = []
         self._ids: dict[tuple, int] = {}
         self._from_ir: dict[int, tuple[object, int]] = {}
-        self._to_ir: dict[int, object] = {}
         self._nullable: dict[int, bool] = {}
         self._lengths: dict[int, tuple[float, float]] = {}
         self._firsts: dict[int, frozenset] = {}
@@ -97,7 +102,7 @@ class Terms:
             return x
         return self._intern(("r", x, lo, hi))
 
-    # ---- IR conversion -------------------------------------------------------------------
+    # ---- from IR -------------------------------------------------------------------------
     def term(self, ir) -> int:
         """The term of an IR node (no `Ref`s)."""
         hit = self._from_ir.get(id(ir))
@@ -113,37 +118,15 @@ class Terms:
             out = self.alt([self.term(i) for i in ir.items])
         elif isinstance(ir, Repeat):
             out = self.rep(self.term(ir.item), ir.lo, ir.hi)
+        elif isinstance(ir, Dfa):
+            if ir.lo or ir.hi is not None or ir.spell is not None:
+                raise TypeError("a Dfa with length bounds or spelling is not a regex term")
+            out = self._intern(("d", ir.table, ir.start))
         elif isinstance(ir, Ref):
             raise ValueError(f"rule reference {ir.name!r} inside a regular expression")
         else:
             raise TypeError(f"not a regex IR node: {ir!r}")
         self._from_ir[id(ir)] = (ir, out)
-        return out
-
-    def ir(self, t: int):
-        """IR for term `t` (shared subterms give shared IR nodes)."""
-        got = self._to_ir.get(t)
-        if got is not None:
-            return got
-        node = self._nodes[t]
-        kind = node[0]
-        if kind == "e":
-            out = EMPTY
-        elif kind == "n":
-            out = NEVER
-        elif kind == "c":
-            out = Chars(node[1])
-        elif kind == "s":
-            parts, rest = [], t
-            while self._nodes[rest][0] == "s":
-                parts.append(self.ir(self._nodes[rest][1]))
-                rest = self._nodes[rest][2]
-            out = Seq((*parts, self.ir(rest)))
-        elif kind == "a":
-            out = Alt(tuple(self.ir(i) for i in sorted(node[1])))
-        else:
-            out = Repeat(self.ir(node[1]), node[2], node[3])
-        self._to_ir[t] = out
         return out
 
     # ---- properties ----------------------------------------------------------------------
@@ -158,6 +141,8 @@ class Terms:
                 got = self.nullable(node[1]) and self.nullable(node[2])
             elif kind == "a":
                 got = any(self.nullable(i) for i in node[1])
+            elif kind == "d":
+                got = node[1].accepting[node[2]]
             else:
                 got = node[2] == 0 or self.nullable(node[1])
             self._nullable[t] = got
@@ -181,6 +166,8 @@ class Terms:
             elif kind == "a":
                 spans = [self.lengths(i) for i in node[1]]
                 got = (min(s[0] for s in spans), max(s[1] for s in spans))
+            elif kind == "d":
+                got = (node[1].shortest[node[2]], node[1].longest[node[2]])
             else:
                 x0, x1 = self.lengths(node[1])
                 hi = node[3]
@@ -208,6 +195,8 @@ class Terms:
                     got = got | self.firsts(node[2])
             elif kind == "a":
                 got = frozenset().union(*(self.firsts(i) for i in node[1]))
+            elif kind == "d":
+                got = frozenset(ranges for ranges, _t in node[1].moves[node[2]])
             else:
                 got = self.firsts(node[1])
             self._firsts[t] = got
@@ -224,15 +213,19 @@ class Terms:
         if kind in ("e", "n"):
             got = NEVER_TERM
         elif kind == "c":
-            ranges = node[1]
-            i = bisect.bisect_right(ranges, (cp, MAX_CODEPOINT + 1)) - 1
-            got = EMPTY_TERM if i >= 0 and ranges[i][0] <= cp <= ranges[i][1] else NEVER_TERM
+            got = EMPTY_TERM if _contains(node[1], cp) else NEVER_TERM
         elif kind == "s":
             got = self.seq(self.deriv(node[1], cp), node[2])
             if self.nullable(node[1]):
                 got = self.alt((got, self.deriv(node[2], cp)))
         elif kind == "a":
             got = self.alt([self.deriv(i, cp) for i in node[1]])
+        elif kind == "d":
+            got = NEVER_TERM
+            for ranges, target in node[1].moves[node[2]]:
+                if _contains(ranges, cp):
+                    got = self._intern(("d", node[1], target))
+                    break
         else:
             x, lo, hi = node[1], node[2], node[3]
             rest = self.rep(x, max(lo - 1, 0), None if hi is None else hi - 1)

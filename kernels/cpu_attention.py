@@ -1,9 +1,9 @@
 """Paged decode attention compiled for the CPU (kernels/cpu/decode_attention.cpp).
 
 The source is built with the other CPU kernels into one library by `radixflow.kernels.cpu_build`
-(cached on disk, keyed by the sources, flags, torch version and CPU). When the CPU lacks
-AVX-512 or the build fails, `cpu_decode_attention_available()` is False, one warning says why,
-and callers keep their torch path. The torch twin is
+(for the best ISA this CPU runs, cached on disk per ISA, keyed by the sources, flags and torch
+version). When no ISA applies or the build fails, `cpu_decode_attention_available()` is False,
+one warning says why, and callers keep their torch path. The torch twin is
 `radixflow.kernels.reference.decode_attention_ref`.
 """
 
@@ -14,14 +14,13 @@ from pathlib import Path
 import torch
 
 from radixflow.kernels import cpu_build
-from radixflow.kernels.cpu_build import build_root, cpu_supported
+from radixflow.kernels.cpu_build import build_root
 from radixflow.kernels.reference import check_decode_args
 
 __all__ = [
     "build",
     "build_root",
     "cpu_decode_attention_available",
-    "cpu_supported",
     "decode_attention_cpu",
     "supports",
 ]
@@ -32,7 +31,7 @@ MAX_HEAD_DIM = 256
 
 def build(root: Path | None = None) -> bool:
     """Compile (or reuse) and load the CPU kernel library; False, with a warning, when it cannot."""
-    return cpu_build.build(root)
+    return cpu_build.build(root).isa is not None
 
 
 def cpu_decode_attention_available() -> bool:

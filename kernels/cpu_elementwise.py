@@ -5,7 +5,8 @@ one pass over memory each, with fp32 arithmetic and the rounding order of the mo
 paths (`F.rms_norm`, `F.silu(g) * u`, runtime/layers/rotary.py `torch_rotary_neox`), so float32
 results agree to rounding and bfloat16 ones almost always bit for bit; the references are
 kernels/reference.py `rms_norm_ref`, `silu_and_mul_ref`, `rotary_embedding_ref`. Built with the
-other CPU kernels by `radixflow.kernels.cpu_build`; `applies` says when a caller may use them.
+other CPU kernels by `radixflow.kernels.cpu_build` for the best ISA this CPU runs; `applies`
+says when a caller may use them.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Decoding (one row per request) or verifying k+1 speculative tokens multiplies a 
 activation rows by every weight matrix; that is bound by reading the weights, and torch's
 `F.linear` streams them at a fraction of the memory bandwidth for such shapes. The kernel reads
 each weight row once for all (at most `MAX_ROWS`) rows of x, with fp32 accumulation. It is
-built with the other CPU kernels by `radixflow.kernels.cpu_build`; the torch twin is
-`radixflow.kernels.reference.linear_ref`.
+built with the other CPU kernels by `radixflow.kernels.cpu_build` for the best ISA this CPU
+runs (AVX-512, with VDPBF16PS for bfloat16 where the CPU has AVX512-BF16; AVX2; NEON); the
+torch twin is `radixflow.kernels.reference.linear_ref`.
 """
 
 from __future__ import annotations

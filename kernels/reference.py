@@ -10,6 +10,7 @@ references in one place is the point: there is exactly one answer to "what shoul
     rotary_embedding_ref                    rotary embedding in place, neox or GPT-J pairs
     silu_and_mul_ref                        SiLU(gate) * up of a fused [gate | up] row
     linear_ref                              x @ weight.T + bias
+    quant_linear_ref                        x @ W.T + bias, W packed in ggml blocks (Q8_0 ... Q6_K)
     store_kv_ref                            new K/V into the paged pool
     apply_token_bitmask_ref                 -inf where an xgrammar-layout bitmask forbids a token
     decode_attention_ref                    one query per request over its paged K/V
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from radixflow.kernels.quant_formats import dequantize
 
 # -- RMSNorm ---------------------------------------------------------------------------------
 
@@ -127,6 +130,20 @@ def linear_ref(
 ) -> torch.Tensor:
     """x [..., K] @ weight [N, K].T + bias [N]."""
     return F.linear(x, weight, bias)
+
+
+def quant_linear_ref(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    qtype: str,
+    k: int,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [M, K] @ W.T + bias, W the [N, K] weight that `packed` (uint8 [N, row_bytes], ggml
+    blocks of `qtype`: kernels/quant_formats.py) holds; the result in x's dtype."""
+    result = F.linear(x, dequantize(packed, qtype, k).to(x.dtype), bias)
+    return result if out is None else out.copy_(result)
 
 
 # -- KV store --------------------------------------------------------------------------------

@@ -34,6 +34,29 @@ def random_paged_table(
     return req_to_token.to(device), rows.to(device), num_pages * page_size
 
 
+def random_gguf_weight(
+    qtype: str, n: int, k: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Valid random GGUF blocks for an [n, k] weight: (packed uint8 [n, row bytes], gguf's own
+    dequantization float32 [n, k]). q8_0/q4_x quantize a random weight with gguf; q4_k/q6_k
+    blocks are random bytes whose fp16 scales are set to small finite values."""
+    import gguf.quants
+
+    kind = gguf.GGMLQuantizationType[qtype.upper()]
+    if kind in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K):
+        block, size = gguf.GGML_QUANT_SIZES[kind]
+        raw = torch.randint(0, 256, (n, k // block, size), dtype=torch.uint8, generator=gen)
+        scales = (torch.rand(n, k // block, 2, generator=gen) * 0.01).half().view(torch.uint8)
+        at = [0, 2] if kind == gguf.GGMLQuantizationType.Q4_K else [size - 2]
+        for i, offset in enumerate(at):
+            raw[:, :, offset : offset + 2] = scales[:, :, 2 * i : 2 * i + 2]
+        packed = raw.reshape(n, -1)
+    else:
+        w = torch.randn(n, k, generator=gen) * k**-0.5
+        packed = torch.from_numpy(gguf.quants.quantize(w.numpy(), kind))
+    return packed, torch.from_numpy(gguf.quants.dequantize(packed.numpy(), kind).copy()).float()
+
+
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """max |out - ref| / max |ref|, in fp32; NaN in out gives NaN."""
     diff = (out.float() - ref.float()).abs().max()

@@ -37,8 +37,9 @@ from radixflow.runtime.server.limits import CHARS_PER_TOKEN, ServerLimits
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 
 
-def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per `EngineConfig` field; unset flags keep the config's default."""
+def add_engine_flags(parser: argparse.ArgumentParser, own: frozenset[str] = frozenset()) -> None:
+    """One flag per `EngineConfig` field; unset flags keep the config's default. SGLang flags
+    named in `own` are left to the command (serve has its own --dp-size)."""
     group = parser.add_argument_group("engine")
     hints = typing.get_type_hints(EngineConfig)
     renamed = {ours: sglang for sglang, ours in SGLANG_RENAMES.items()}
@@ -68,6 +69,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
             )  # fmt: skip
     ignored = parser.add_argument_group("SGLang flags accepted for compatibility")
     for name, (takes_value, why) in SGLANG_IGNORED.items():
+        if name in own:
+            continue
         ignored.add_argument(
             _flag(name), dest=f"sglang_{name}", default=None, help=why.replace("%", "%%"),
             **({"metavar": "VALUE"} if takes_value else {"action": "store_const", "const": True}),
@@ -144,7 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--graceful-timeout", type=float, default=30.0,
         help="seconds to let in-flight requests finish on shutdown before aborting them",
     )  # fmt: skip
-    add_engine_flags(serve)
+    serve.add_argument(
+        "--dp-size", type=int, default=1,
+        help="engine replicas on this machine behind SGLang's cache-aware router, each with "
+        "cores/N threads (or one GPU each); needs pip install 'radixflow[router]' (default: 1)",
+    )  # fmt: skip
+    add_engine_flags(serve, own=frozenset({"dp_size"}))
 
     run = sub.add_parser("run", help="generate for one prompt and print it as it streams")
     run.add_argument("prompt")
@@ -201,9 +209,12 @@ def configure_logging(level: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
     try:
+        if args.command == "serve" and args.dp_size != 1:
+            return _serve_replicas(args, argv)
         return {"serve": _serve, "run": _run, "bench": _bench}[args.command](args)
     except ValueError as exc:
         print(f"radixflow: error: {exc}", file=sys.stderr)
@@ -230,6 +241,39 @@ def _serve(args: argparse.Namespace) -> int:
         graceful_timeout=args.graceful_timeout,
     )
     return 0
+
+
+def _serve_replicas(args: argparse.Namespace, argv: list[str]) -> int:
+    """--dp-size N: N `radixflow serve` replicas with these options behind SGLang's router."""
+    from radixflow.runtime.server.data_parallel import (
+        ReplicaPlan,
+        Supervisor,
+        check_router_installed,
+    )
+
+    if args.dp_size < 1:
+        raise ValueError(f"--dp-size must be >= 1, got {args.dp_size}")
+    check_router_installed(args.dp_size)
+    if args.admin_api_key is not None:
+        raise ValueError(
+            "--admin-api-key with --dp-size: the router sends one key (--api-key) to the "
+            "replicas, so admin routes would be unreachable through it"
+        )
+    config = EngineConfig(**engine_kwargs(args))  # bad options fail here, before N replicas do
+    plan = ReplicaPlan(
+        dp_size=args.dp_size,
+        host=args.host,
+        port=args.port,
+        worker_argv=argv,
+        num_threads=config.num_threads,
+        device=config.device,
+        mem_fraction_static=config.mem_fraction_static,
+        api_key=args.api_key,
+        cors_origins=args.cors_origins,
+        log_level=args.log_level,
+        graceful_timeout=args.graceful_timeout,
+    )
+    return Supervisor(plan).run()
 
 
 def _run(args: argparse.Namespace) -> int:

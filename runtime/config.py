@@ -11,8 +11,10 @@ SGLang's `launch_server` spellings are accepted too, by the CLI and by
 | --speculative-algorithm NGRAM / STANDALONE | ngram / draft (EAGLE*: error) |
 | --speculative-draft-model-path, --speculative-num-draft-tokens | speculative_draft_model, speculative_num_tokens |
 | --host, --port, --api-key, --served-model-name, --log-level | server options (`radixflow serve`) |
-| --tp-size, --dp-size, --nnodes, --pp-size | only 1 (anything else: error) |
-| --kv-cache-dtype | only auto; --quantization: only none (error otherwise) |
+| --dp-size | `radixflow serve --dp-size N`: N replicas behind SGLang's router; elsewhere only 1 |
+| --tp-size, --nnodes, --pp-size | only 1 (anything else: error) |
+| --kv-cache-dtype | only auto (error otherwise) |
+| --quantization | the same knob: auto, none, int8, int4, q8_0, q4_0, q4_1 (awq, fp8, ...: error) |
 | --grammar-backend xgrammar / llguidance | the same knob (outlines, none: error) |
 | --enable-metrics, --enable-cache-report | accepted, logged: always on here |
 | --trust-remote-code, --disable-cuda-graph, --cuda-graph-max-bs, --cuda-graph-bs, --enable-torch-compile, --torch-compile-max-bs, --disable-overlap-schedule, --enable-mixed-chunk, --skip-server-warmup, --stream-interval, --watchdog-timeout, --decode-log-interval, --log-level-http, --disable-custom-all-reduce, --sampling-backend, --load-format | accepted, logged as ignored: they tune machinery this engine does not have |
@@ -72,13 +74,27 @@ class EngineConfig:
     dtype: str = _knob(
         "auto", "weight and activation dtype", ("auto", "float32", "bfloat16", "float16")
     )
+    quantization: str = _knob(
+        "auto",
+        "weights kept packed in ggml blocks: auto keeps a GGUF's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K "
+        "matrices packed where a quantized kernel runs them; none dequantizes at load; int8 "
+        "(q8_0) / int4 (q4_1) / q8_0 / q4_0 / q4_1 quantize the projections at load "
+        "(embedding and lm_head to q8_0)",
+        ("auto", "none", "int8", "int4", "q8_0", "q4_0", "q4_1"),
+    )
     device: str = _knob("auto", "torch device: auto picks cuda when available, else cpu")
     page_size: int = _knob(1, "tokens per KV page")
     max_total_tokens: int | None = _knob(
-        None, "KV pool size in tokens (default: from kv_cache_gb on CPU, free memory on GPU)"
+        None,
+        "KV pool size in tokens (default: what mem_fraction_static leaves after the weights, "
+        "at most max_running_requests full contexts)",
     )
-    kv_cache_gb: float = _knob(2.0, "KV pool size in GiB on the CPU when max_total_tokens is unset")
-    mem_fraction_static: float = _knob(0.85, "fraction of free GPU memory for weights + KV pool")
+    mem_fraction_static: float = _knob(
+        0.85,
+        "fraction of the memory available at start (free GPU memory; on the CPU available RAM "
+        "within the cgroup limit) for weights + KV pool; on the CPU the pool's pages are taken "
+        "only as tokens fill them",
+    )
     context_length: int | None = _knob(None, "maximum tokens per request (default: the model's)")
     max_running_requests: int = _knob(128, "requests decoded together at most")
     chunked_prefill_size: int = _knob(
@@ -213,6 +229,10 @@ class EngineConfig:
             )
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
             raise ValueError(f"max_total_tokens too small: {self.max_total_tokens}")
+        if not 0.0 < self.mem_fraction_static <= 1.0:
+            raise ValueError(
+                f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}"
+            )
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
@@ -251,11 +271,10 @@ SERVER_OPTIONS = {"host", "port", "api_key", "served_model_name", "log_level"}
 # knob -> (the only value that exists here, why); any other value is an error naming the knob
 SGLANG_SINGLE_VALUE: dict[str, tuple[Any, str]] = {
     "tp_size": (1, "tensor parallelism is not available here"),
-    "dp_size": (1, "run one server per replica behind sglang-router"),
+    "dp_size": (1, "replicas are `radixflow serve --dp-size N` (behind sglang-router)"),
     "pp_size": (1, "pipeline parallelism is not available here"),
     "nnodes": (1, "this engine runs on one node"),
     "kv_cache_dtype": ("auto", "the KV cache uses the model dtype"),
-    "quantization": (None, "load a GGUF file for quantized weights"),
 }
 # knob -> (takes a value on the command line, why it is ignored)
 SGLANG_IGNORED: dict[str, tuple[bool, str]] = {
@@ -301,15 +320,12 @@ def check_sglang_option(knob: str, value: Any) -> None:
 def startup_summary(engine: Any) -> str:
     """One line: model, dtype, KV pool in tokens and GiB, attention kernels, grammar engine."""
     pool = engine.runner.pool
-    hf = engine.runner.hf_config
-    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-    kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
-    gib = 2 * hf.num_hidden_layers * kv_heads * head_dim * pool.capacity_tokens
-    gib *= engine.runner.dtype.itemsize / 2**30
+    gib = pool.capacity_tokens * pool.bytes_per_token() / 2**30
     return (
         f"model {engine.model_dir} | dtype {str(engine.runner.dtype).removeprefix('torch.')} | "
         f"device {engine.runner.device} | kernels {_kernels(engine)} | KV pool "
-        f"{pool.capacity_tokens} tokens ({gib:.2f} GiB) | context {engine.context_length} | "
+        f"{pool.capacity_tokens} tokens ({gib:.2f} GiB, set by {engine.runner.kv_plan.bound}) | "
+        f"context {engine.context_length} | "
         f"attention {engine.runner.attention_backend} | grammar backend "
         f"{engine.config.grammar_backend} (fallback {engine.config.grammar_backend_fallback}) | "
         f"chat template {engine.config.chat_template or 'from the model'} | tool-call parser "
@@ -318,8 +334,12 @@ def startup_summary(engine: Any) -> str:
 
 
 def _kernels(engine: Any) -> str:
-    """The implementation each of the model's ops was bound to at build (runtime/layers/)."""
-    return str(engine.runner.model.ops.describe())
+    """The implementation each of the model's ops was bound to at build (runtime/layers/), and
+    on the CPU the C++ kernels' ISA or why they are off."""
+    from radixflow.runtime.layers.target import OpsTarget  # here: config imports no torch
+
+    target = OpsTarget(engine.runner.device, engine.runner.dtype)
+    return f"{engine.runner.model.ops.describe()} ({target.describe()})"
 
 
 def request_log_line(req: Any) -> str:

@@ -1,7 +1,10 @@
 """Convert a GGUF file once into a cached Hugging Face-format folder.
 
-The folder holds `config.json`, the tokenizer files (converted by transformers) and float32
-safetensors under Hugging Face parameter names, so the rest of the runtime sees one format.
+The folder holds `config.json`, the tokenizer files (converted by transformers) and the weights
+as safetensors under Hugging Face parameter names, so the rest of the runtime sees one format.
+2-D tensors of a type kept packed (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K: kernels/quant_formats.py) are
+stored as their GGUF bytes, uint8 [N, row_bytes], and named with their qtype and float shape in
+the file's metadata (PACKED_METADATA_KEY); every other tensor is dequantized to float32.
 
     ~/.cache/radixflow/gguf/<stem>-<hash of path, size, mtime>/
         config.json  tokenizer.json  tokenizer_config.json  chat_template.jinja  model.safetensors
@@ -15,7 +18,7 @@ import math
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +29,13 @@ from gguf.quants import dequantize
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from radixflow.kernels.quant_formats import PackedWeight, qtype_of_ggml
+
 # Bump when the folder layout or the conversion changes, so old caches are not reused.
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3
 SHARD_BYTES = 2 << 30
+# safetensors metadata key: JSON {name: {"qtype": "q4_1", "shape": [N, K]}} of the packed tensors
+PACKED_METADATA_KEY = "radixflow.packed"
 
 SUPPORTED_TYPES = frozenset(
     GGMLQuantizationType[name]
@@ -92,25 +99,33 @@ def convert_gguf(gguf_path: str | os.PathLike[str]) -> Path:
     if not path.is_file():
         raise ValueError(f"GGUF file not found: {path}")
     target = cache_dir_for(path)
-    if target.is_dir():
-        return target
+    if not target.is_dir():
+        build_atomically(target, lambda tmp: _convert(path, tmp))
+    return target
+
+
+def build_atomically(target: Path, build: Callable[[Path], None]) -> None:
+    """Run `build` on a temporary folder beside `target`, then rename it into place."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        reader = GGUFReader(path)
-        config = hf_config(reader)
-        _write_tokenizer(path, tmp)
-        _write_weights(reader, config, tmp, desc=f"Converting {path.name}")
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        build(tmp)
         try:
             tmp.rename(target)
         except OSError:
-            if not target.is_dir():  # a concurrent conversion did not win the race: real error
+            if not target.is_dir():  # a concurrent build did not win the race: real error
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+
+def _convert(path: Path, out: Path) -> None:
+    reader = GGUFReader(path)
+    config = hf_config(reader)
+    _write_tokenizer(path, out)
+    _write_weights(reader, config, out, desc=f"Converting {path.name}")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
@@ -275,8 +290,11 @@ def unpermute_rotary(weight: np.ndarray, n_heads: int) -> np.ndarray:
     return rows.swapaxes(1, 2).reshape(weight.shape)
 
 
-def iter_tensors(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Dequantized float32 tensors under HF names, in file order."""
+def iter_tensors(
+    reader: GGUFReader, config: dict[str, Any]
+) -> Iterator[tuple[str, torch.Tensor | PackedWeight]]:
+    """Tensors under HF names, in file order: 2-D tensors of a packed type as PackedWeight
+    (their GGUF bytes), the rest dequantized to float32."""
     permute = config["model_type"] == "llama"
     for tensor in reader.tensors:
         if tensor.name in _DERIVED_TENSORS:
@@ -288,30 +306,49 @@ def iter_tensors(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[s
             )
         name = hf_tensor_name(tensor.name)
         shape = tuple(int(d) for d in reversed(tensor.shape))
-        weight = dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+        qtype = qtype_of_ggml(tensor.tensor_type.name) if len(shape) == 2 else None
+        # packed rows are whole output rows, so the row permutation applies to them unchanged
+        weight = tensor.data if qtype else dequantize(tensor.data, tensor.tensor_type)
+        weight = weight.reshape(shape[0], -1) if qtype else weight.reshape(shape)
         if permute and ".attn_q." in tensor.name:
             weight = unpermute_rotary(weight, config["num_attention_heads"])
         elif permute and ".attn_k." in tensor.name:
             weight = unpermute_rotary(weight, config["num_key_value_heads"])
-        yield name, torch.from_numpy(np.array(weight, dtype=np.float32, order="C"))
+        if qtype:
+            data = torch.from_numpy(np.array(weight, dtype=np.uint8, order="C"))
+            yield name, PackedWeight(data, qtype, (shape[0], shape[1]))
+        else:
+            yield name, torch.from_numpy(np.array(weight, dtype=np.float32, order="C"))
 
 
 def _write_weights(reader: GGUFReader, config: dict[str, Any], out: Path, desc: str) -> None:
-    """Write `model.safetensors`, or shards of at most SHARD_BYTES plus an index when larger."""
+    write_weights(iter_tensors(reader, config), out, len(reader.tensors), desc)
+
+
+def write_weights(
+    weights: Iterable[tuple[str, torch.Tensor | PackedWeight]], out: Path, total: int, desc: str
+) -> None:
+    """Write `model.safetensors`, or shards of at most SHARD_BYTES plus an index when larger;
+    packed weights as their bytes, named in the shard's metadata."""
     shards: list[list[str]] = []
     current: dict[str, torch.Tensor] = {}
+    packed: dict[str, dict[str, Any]] = {}
     size = 0
 
     def flush() -> None:
-        save_file(current, out / f"shard-{len(shards)}.safetensors", metadata={"format": "pt"})
+        metadata = {"format": "pt", PACKED_METADATA_KEY: json.dumps(packed)}
+        save_file(current, out / f"shard-{len(shards)}.safetensors", metadata=metadata)
         shards.append(list(current))
 
-    for name, tensor in tqdm(iter_tensors(reader, config), total=len(reader.tensors), desc=desc):
+    for name, value in tqdm(weights, total=total, desc=desc):
+        tensor = value.data if isinstance(value, PackedWeight) else value
         nbytes = tensor.numel() * tensor.element_size()
         if current and size + nbytes > SHARD_BYTES:
             flush()
-            current, size = {}, 0
+            current, packed, size = {}, {}, 0
         current[name] = tensor
+        if isinstance(value, PackedWeight):
+            packed[name] = {"qtype": value.qtype, "shape": list(value.shape)}
         size += nbytes
     flush()
     if len(shards) == 1:

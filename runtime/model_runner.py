@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
+from radixflow.kernels import cpu_build
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.kv_pool import KVPool
 from radixflow.runtime.layers.attention import choose_attention_backend
 from radixflow.runtime.layers.target import OpsTarget
+from radixflow.runtime.memory_plan import available_memory, module_bytes, plan_kv_pool
 from radixflow.runtime.model_loader import Checkpoint
 from radixflow.runtime.models.llama import LlamaForCausalLM
 from radixflow.runtime.scheduler import ScheduledStep
@@ -27,27 +31,49 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def cpu_has_fast_bf16() -> bool:
-    """AVX512-BF16 or AMX: bf16 matmuls beat fp32 at every batch size we measured."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device, packed_weights: bool = False) -> torch.dtype:
+    """`auto` on the CPU: float32 for packed (quantized) weights, whose kernels read the packed
+    bytes and sum in float32 whatever the activations' dtype (bfloat16 would only lose
+    accuracy); else bfloat16 where its matmuls beat float32 (kernels/cpu_build.py
+    `FAST_BF16`: AVX512-BF16, AMX, Arm bf16), else float32."""
     if name != "auto":
         return DTYPES[name]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    if packed_weights:
+        return torch.float32
+    return torch.bfloat16 if cpu_build.fast_bf16() else torch.float32
+
+
+class SkipRandomInit(TorchFunctionMode):
+    """nn.Linear / nn.Embedding skip their random initialisation: the checkpoint sets every
+    parameter next (`load_weights` checks), and the fills would write the whole model in
+    float32. A torch function mode, so it holds in this thread only (unlike patching
+    torch.nn.init)."""
+
+    FILLS = frozenset(
+        {torch.nn.init.kaiming_uniform_, torch.nn.init.uniform_, torch.nn.init.normal_}
+    )
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func in self.FILLS:
+            return kwargs["tensor"] if "tensor" in kwargs else args[0]
+        return func(*args, **kwargs)
 
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, checkpoint: Checkpoint) -> None:
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.dtype = resolve_dtype(
+            config.dtype, self.device, checkpoint.keeps_packed(config.quantization)
+        )
         hf = checkpoint.config
         self.hf_config = hf
         self.vocab_size = hf.vocab_size
@@ -59,9 +85,10 @@ class ModelRunner:
         self.context_length = config.context_length or model_max
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
-        self.pool = KVPool(
+        # measured before the weights load: mem_fraction_static covers weights + KV pool
+        available = None if config.max_total_tokens is not None else available_memory(self.device)
+        self.pool = KVPool(  # its K/V buffers are sized once the weights are loaded
             num_layers=hf.num_hidden_layers,
-            num_pages=self._num_pages(config, hf.num_hidden_layers, kv_heads, head_dim),
             page_size=config.page_size,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
@@ -74,23 +101,33 @@ class ModelRunner:
             config.attention_backend, self.pool, self.device
         )
         target = OpsTarget(self.device, self.dtype, triton=self.attention_backend == "triton")
-        with torch.device(self.device):
-            model = LlamaForCausalLM(hf, self.backend, target, max_position=self.context_length)
-        model.load_weights(checkpoint.weights(torch.float32))
+        packed = checkpoint.quant_plan(config.quantization, target)
+        # Large empty tensors take no RAM until written: built without its random init and cast
+        # before loading, the model is written once, in its dtype, weight by weight.
+        with torch.device(self.device), SkipRandomInit():
+            model = LlamaForCausalLM(
+                hf, self.backend, target, max_position=self.context_length, packed=packed
+            )
         self.model = model.to(self.dtype).eval()
-
-    def _num_pages(self, config: EngineConfig, layers: int, kv_heads: int, head_dim: int) -> int:
-        if config.max_total_tokens is not None:
-            tokens = config.max_total_tokens
-        else:
-            bytes_per_token = 2 * layers * kv_heads * head_dim * self.dtype.itemsize
-            if self.device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(self.device)
-                budget = free * config.mem_fraction_static
-            else:
-                budget = config.kv_cache_gb * 2**30
-            tokens = int(budget // bytes_per_token)
-        return tokens // config.page_size + 1  # page 0 is reserved
+        self.model.load_weights(checkpoint.weights(self.dtype, packed))
+        self.kv_plan = plan_kv_pool(
+            bytes_per_token=self.pool.bytes_per_token(),
+            page_size=config.page_size,
+            context_length=self.context_length,
+            max_running_requests=config.max_running_requests,
+            mem_fraction_static=config.mem_fraction_static,
+            available=available,
+            weight_bytes=module_bytes(self.model),
+            max_total_tokens=config.max_total_tokens,
+        )
+        logger.info(
+            "KV pool: %d tokens (%.2f GiB%s), set by %s",
+            self.kv_plan.tokens,
+            self.kv_plan.gib,
+            ", taken from RAM as tokens fill it" if self.device.type == "cpu" else "",
+            self.kv_plan.reason,
+        )
+        self.pool.allocate(self.kv_plan.num_pages)
 
     def build_batch(self, step: ScheduledStep, logits_indices: torch.Tensor) -> ForwardBatch:
         reqs, lens = step.reqs, step.extend_lens

@@ -11,6 +11,7 @@ import transformers
 from kv_checks import assert_kv_released
 
 import radixflow as rf
+from radixflow.runtime.model_loader import transformers_dir
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +37,7 @@ def engine():
 @pytest.fixture(scope="module")
 def hf(engine):
     return transformers.AutoModelForCausalLM.from_pretrained(
-        engine.model_dir, dtype=torch.float32
+        transformers_dir(engine.model_dir), dtype=torch.float32
     ).eval()
 
 

@@ -14,7 +14,7 @@ from radixflow.grammars.json_schema_numbers import int_range_regex, number_range
 from radixflow.runtime.constrained import GrammarService
 from radixflow.runtime.sampling_params import SamplingParams
 
-# Many distinct repeats: ~400k NFA states (under MAX_NFA_STATES), several seconds to build.
+# Many distinct repeats: seconds to intersect with a length bound or another pattern.
 SLOW_REGEX = "(" + "|".join(f"[a-z]{{1,100}}w{i}" for i in range(2000)) + ")"
 
 
@@ -107,23 +107,22 @@ def test_wide_integer_ranges_compile_fast_and_exactly(tok, lo, hi):
     gc = GrammarCompiler(tok, compile_timeout=10.0)
     start = time.perf_counter()
     g = gc.compile_json_schema({"type": "integer", "minimum": lo, "maximum": hi})
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < 5.0  # was: never finished, or a RecursionError
     rng = random.Random(2)
     digits = len(str(max(abs(lo), abs(hi))))
     for v in _samples(rng, [lo, hi], digits)[:40]:
         assert accepts(g, str(v)) == (lo <= v <= hi), v
     start = time.perf_counter()
     gc.compile_json_schema({"type": "number", "exclusiveMinimum": lo, "maximum": hi})
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < 5.0
 
 
 # ---- the time limit on every path ----------------------------------------------------------
 @pytest.mark.parametrize(
     "kind,source",
-    [
-        ("regex", SLOW_REGEX),
-        ("json_schema", {"type": "string", "pattern": f"^{SLOW_REGEX}$"}),
-        ("lark", f"start: W\nW: /{SLOW_REGEX}/\n"),
+    [  # regexes and grammars are built lazily: the pattern algebra is what can be slow
+        ("json_schema", {"type": "string", "pattern": f"^{SLOW_REGEX}$", "maxLength": 50}),
+        ("json_schema", {"type": "string", "pattern": f"^{SLOW_REGEX}$", "not": {"pattern": "q"}}),
     ],
 )
 def test_compile_timeout_is_a_value_error_naming_the_limit(tok, kind, source):
@@ -146,11 +145,13 @@ def test_compile_timeout_is_a_value_error_naming_the_limit(tok, kind, source):
         ("lark", 'start: A\nA: "a" ~ 1000000\n'),
     ],
 )
-def test_huge_repeats_fail_fast_naming_the_state_limit(tok, kind, source):
-    gc = GrammarCompiler(tok, compile_timeout=10.0)
-    exc, took = timed(lambda: gc.compile(kind, source))
-    assert "MAX_NFA_STATES" in str(exc) and "500000" in str(exc), exc
-    assert took < 1.0
+def test_huge_repeats_compile_as_counters(tok, kind, source):
+    # Once one NFA copy per count (or a MAX_NFA_STATES error): now a count per walk step.
+    grammar = GrammarCompiler(tok, compile_timeout=10.0).compile(kind, source)
+    grammar.matcher().next_token_mask()
+    auto = grammar.automaton
+    nfa = auto.dfa.nfa if hasattr(auto, "dfa") else auto.lexer.nfa
+    assert len(nfa) < 1_000, len(nfa)  # what the first mask's tokens read, not the bound
 
 
 # ---- malformed input -----------------------------------------------------------------------
@@ -323,7 +324,12 @@ def test_busy_pool_still_answers_cached_and_small_grammars_quickly(tok):
     try:
         cached = SamplingParams(json_schema={"type": "integer", "maximum": 99})
         first = backend.submit(cached).result()
-        slow = [SamplingParams(regex=f"{SLOW_REGEX}x{i}") for i in range(3)]
+        slow = [
+            SamplingParams(
+                json_schema={"type": "string", "pattern": f"^{SLOW_REGEX}x{i}$", "maxLength": 50}
+            )
+            for i in range(3)
+        ]
         running = [backend.submit(p) for p in slow]
         assert backend.submit(slow[0]) is running[0]  # one compilation per grammar
 

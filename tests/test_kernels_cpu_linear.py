@@ -8,14 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixflow.kernels.cpu_build import cpu_supported
+from radixflow.kernels.cpu_build import current_choice
 from radixflow.kernels.cpu_linear import MAX_ROWS, small_linear
 from radixflow.kernels.testing import relative_error
 from radixflow.runtime.layers import linear as model_linear
 from radixflow.runtime.layers.target import OpsTarget
 
 pytestmark = pytest.mark.skipif(
-    not cpu_supported(), reason="the kernel needs an x86-64 CPU with AVX-512"
+    current_choice().isa is None, reason="this CPU runs none of the kernels' ISAs"
 )
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 DTYPES = list(TOLERANCE)
@@ -55,10 +55,14 @@ def test_matches_f_linear_for_every_row_count(shape, with_bias, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_lm_head_logits_cast_to_float(dtype):
     w, _ = weights(49152, 576, dtype)
-    x = torch.randn(3, 576).to(dtype)
+    x = torch.randn(3, 576, generator=torch.Generator().manual_seed(3)).to(dtype)
     logits = small_linear(x, w).float()
     assert relative_error(logits, F.linear(x, w).float()) < TOLERANCE[dtype]
-    assert torch.equal(logits.argmax(-1), F.linear(x.double(), w.double()).argmax(-1))
+    # the token picked is the best one, up to the output dtype's rounding of near-ties
+    exact = F.linear(x.double(), w.double())
+    picked = exact.gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
+    gap = exact.max(-1).values - picked
+    assert (gap <= TOLERANCE[dtype] * exact.abs().max(-1).values).all(), gap
 
 
 def test_strided_rows_of_x_and_out():

@@ -20,6 +20,7 @@ from radixflow.runtime.model_loader import (
     DEFAULT_INSTALL,
     default_model_path,
     load_checkpoint,
+    transformers_dir,
 )
 
 CHAT_TEMPLATE = (
@@ -298,8 +299,9 @@ def test_gguf_conversion_matches_transformers(tmp_path, arch, types):
     ids = ckpt.tokenizer(prompt, return_tensors="pt").input_ids
     assert ids.tolist() == ref_tokenizer(prompt, return_tensors="pt").input_ids.tolist()
 
-    # The converted folder is a complete HF checkpoint: same logits as transformers' GGUF load.
-    converted = transformers.AutoModelForCausalLM.from_pretrained(ckpt.model_dir).eval()
+    # The converted folder's float twin is a complete HF checkpoint: same logits as
+    # transformers' GGUF load.
+    converted = transformers.AutoModelForCausalLM.from_pretrained(transformers_dir(ckpt.model_dir))
     with torch.no_grad():
         torch.testing.assert_close(converted(ids).logits, ref_model(ids).logits)
 

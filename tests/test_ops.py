@@ -46,7 +46,7 @@ NEEDS_CPU_KERNELS = pytest.mark.skipif(
 
 @pytest.fixture
 def no_cpu_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As on a CPU without AVX-512: the C++ kernels are not available."""
+    """As on a CPU that runs none of the kernels' ISAs: the C++ kernels are not available."""
     monkeypatch.setattr(target_module, "cpu_kernels_available", lambda: False)
 
 
@@ -89,24 +89,31 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> No
 @NEEDS_CPU_KERNELS
 def test_a_cpu_model_binds_the_cpp_kernels():
     ops = ModelOps.choose(OpsTarget(CPU, torch.float32))
-    assert ops.describe() == "rms_norm=cpu rotary=cpu silu_and_mul=cpu linear=cpu-small-rows"
+    assert ops.describe() == (
+        "rms_norm=cpu rotary=cpu silu_and_mul=cpu linear=cpu-small-rows quant_linear=cpu"
+    )
 
 
 @NEEDS_CPU_KERNELS
 def test_triton_binds_norm_and_rotary_and_keeps_the_cpp_matmuls_on_cpu():
     ops = ModelOps.choose(OpsTarget(CPU, torch.float32, triton=True))
-    assert ops.describe() == "rms_norm=triton rotary=triton silu_and_mul=cpu linear=cpu-small-rows"
+    assert ops.describe() == (
+        "rms_norm=triton rotary=triton silu_and_mul=cpu linear=cpu-small-rows quant_linear=cpu"
+    )
 
 
 def test_without_cpp_kernels_every_op_is_torch(no_cpu_kernels):
     ops = ModelOps.choose(OpsTarget(CPU, torch.bfloat16))
-    assert ops.describe() == "rms_norm=torch rotary=torch silu_and_mul=torch linear=torch"
+    assert ops.describe() == (
+        "rms_norm=torch rotary=torch silu_and_mul=torch linear=torch quant_linear=torch-dequantize"
+    )
 
 
 def test_dtypes_and_devices_the_cpp_kernels_lack_get_torch():
     for target in (OpsTarget(CPU, torch.float16), OpsTarget(torch.device("cuda"), torch.float32)):
         assert not target.cpu_kernels
-        assert ModelOps.choose(target).describe().endswith("silu_and_mul=torch linear=torch")
+        described = ModelOps.choose(target).describe()
+        assert described.endswith("silu_and_mul=torch linear=torch quant_linear=torch-dequantize")
 
 
 def test_token_bitmask_is_triton_on_cuda_only():

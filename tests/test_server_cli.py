@@ -55,11 +55,11 @@ def test_help_lists_every_flag(command, capsys):
 def test_flags_parse_to_engine_config():
     args = _serve_args(
         "--model", "/models/x", "--dtype", "bfloat16", "--page-size", "16",
-        "--kv-cache-gb", "0.5", "--disable-radix-cache", "--port", "31000",
+        "--mem-fraction-static", "0.5", "--disable-radix-cache", "--port", "31000",
     )  # fmt: skip
     config = EngineConfig.from_kwargs(**engine_kwargs(args))
     assert (config.model_path, config.dtype, config.page_size) == ("/models/x", "bfloat16", 16)
-    assert config.kv_cache_gb == 0.5 and config.disable_radix_cache is True
+    assert config.mem_fraction_static == 0.5 and config.disable_radix_cache is True
     assert (args.host, args.port) == ("127.0.0.1", 31000)
     assert engine_kwargs(_serve_args("--no-disable-radix-cache"))["disable_radix_cache"] is False
 
@@ -106,13 +106,19 @@ def test_an_sglang_launch_line_parses_unchanged(caplog):
     ("flags", "knob"),
     [
         (["--tp-size", "2"], "tp_size"),
-        (["--quantization", "awq"], "quantization"),
         (["--kv-cache-dtype", "fp8_e5m2"], "kv_cache_dtype"),
     ],
 )
 def test_sglang_knobs_we_lack_are_errors_naming_them(flags, knob, capsys):
     assert main(["serve", *flags]) == 2
     assert knob in capsys.readouterr().err
+
+
+def test_sglang_quantization_methods_we_lack_are_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--quantization", "awq"])
+    assert exit_info.value.code == 2
+    assert "--quantization: invalid choice: 'awq'" in capsys.readouterr().err
 
 
 def test_engine_config_takes_sglang_names_as_keywords():

@@ -16,21 +16,10 @@
 // When there are too few requests to keep the threads busy, long sequences are cut into
 // ranges; each range writes a normalised partial output and its log-sum-exp, and a second pass
 // merges the ranges of one request by their log-sum-exp.
-#ifndef __AVX512F__
-#error "the CPU attention kernel needs AVX-512F"
-#endif
-
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
-#include <immintrin.h>
 #include <torch/library.h>
-
-#include "simd.h"
-
-using radixflow_cpu::exp16;
-using radixflow_cpu::load16;
-using radixflow_cpu::sum_lanes16;
 
 #include <algorithm>
 #include <array>
@@ -39,11 +28,16 @@ using radixflow_cpu::sum_lanes16;
 #include <limits>
 #include <vector>
 
+#include "simd.h"
+
+namespace vec = radixflow_cpu;
+using vec::Vec;
+
 namespace {
 
-constexpr int kBlock = 16;         // keys per block: one vector of scores per query head
-constexpr int kMaxVecs = 16;       // head_dim <= 256
-constexpr int64_t kMaxGroup = 16;  // query rows sharing one sequence's K/V loads
+constexpr int kBlock = 16;          // keys per block: 16 / kLanes vectors of scores per head
+constexpr int kMaxChunks = 16;      // head_dim <= 256, in chunks of 16 elements
+constexpr int64_t kMaxGroup = 16;   // query rows sharing one sequence's K/V loads
 constexpr int64_t kMinRange = 256;  // shorter key ranges cost more to merge than they save
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -74,32 +68,38 @@ inline int64_t first_key(const Problem& p, int64_t b) {
 
 // Per-thread working memory.
 struct Scratch {
-  std::vector<__m512> qv, acc;  // [rows * heads * vectors per head]: scaled queries, sums
+  std::vector<Vec> qv, acc;     // [rows * heads * vectors per head]: scaled queries, sums
   std::vector<float> m, l;      // running max and sum per query row and head
-  std::vector<float> kf, vf;    // [kBlock, vectors * 16]: one block of one KV head in fp32
+  std::vector<float> kf, vf;    // [kBlock, vectors * kLanes]: one block of one KV head in fp32
   std::vector<float> o, lse;    // one item's result [rows, heads, head_dim], [rows, heads]
   Scratch(int64_t heads, int64_t vecs, int64_t head_dim)
       : qv(kMaxGroup * heads * vecs), acc(kMaxGroup * heads * vecs), m(kMaxGroup * heads),
-        l(kMaxGroup * heads), kf(kBlock * vecs * 16), vf(kBlock * vecs * 16),
+        l(kMaxGroup * heads), kf(kBlock * vecs * vec::kLanes), vf(kBlock * vecs * vec::kLanes),
         o(kMaxGroup * heads * head_dim), lse(kMaxGroup * heads) {}
 };
 
-// Rows of one KV head of a block as fp32: the pool's own rows for float32, converted
-// copies in `buffer` for bfloat16 (converted once, read by every query head of the group).
-template <int NV>
-inline void rows_fp32(const float* const* rows, int n, int64_t, float*, const float** out) {
-  for (int j = 0; j < n; ++j) out[j] = rows[j];
+// Elements [i * kLanes, (i + 1) * kLanes) of a row of D, zero past D.
+template <typename T>
+inline Vec load_part(const T* row, int i, int64_t D) {
+  const int64_t at = (int64_t)i * vec::kLanes;
+  return at < D ? vec::load(row + at, D - at) : vec::zero();
 }
 
-template <int NV>
-inline void rows_fp32(const c10::BFloat16* const* rows, int n, int64_t head_dim, float* buffer,
+// Rows of one KV head of a block as NV vectors of fp32: the pool's own rows for float32 when
+// head_dim fills them, else copies in `buffer` (converted once, read by every query head of
+// the group), zero-padded.
+template <int NV, typename T>
+inline void rows_fp32(const T* const* rows, int n, int64_t head_dim, float* buffer,
                       const float** out) {
-  const __mmask16 tail = head_dim % 16 ? (__mmask16)((1u << (head_dim % 16)) - 1) : 0xFFFF;
+  if constexpr (std::is_same_v<T, float>) {
+    if (head_dim == NV * vec::kLanes) {
+      for (int j = 0; j < n; ++j) out[j] = rows[j];
+      return;
+    }
+  }
   for (int j = 0; j < n; ++j) {
-    float* dst = buffer + j * NV * 16;
-    for (int vec = 0; vec < NV; ++vec)
-      _mm512_storeu_ps(dst + vec * 16,
-                       load16(rows[j] + vec * 16, vec == NV - 1 ? tail : (__mmask16)0xFFFF));
+    float* dst = buffer + j * NV * vec::kLanes;
+    for (int i = 0; i < NV; ++i) vec::store(dst + i * vec::kLanes, load_part(rows[j], i, head_dim));
     out[j] = dst;
   }
 }
@@ -107,21 +107,20 @@ inline void rows_fp32(const c10::BFloat16* const* rows, int n, int64_t head_dim,
 // Attention of every query head of the item's rows over keys [lo, hi), each row seeing the
 // keys before its own seq_len: s.o [rows, heads, head_dim] normalised (fp32), s.lse
 // [rows, heads]. The query heads (and rows) of one KV head share each K/V row load; all KV
-// heads of a key are visited together, so a page of the pool is read front to back.
-// An empty range gives o = 0, lse = -inf.
+// heads of a key are visited together, so a page of the pool is read front to back. NV vectors
+// hold one head (zero-padded). An empty range gives o = 0, lse = -inf.
 template <typename T, int NV>
 void attend_range(const Problem& p, const Item& it, Scratch& s) {
+  constexpr int L = vec::kLanes, kScoreVecs = kBlock / L;
   const int64_t G = p.group, D = p.head_dim, H = p.heads, RH = it.rows * H;
-  const __mmask16 tail = D % 16 ? (__mmask16)((1u << (D % 16)) - 1) : (__mmask16)0xFFFF;
-  auto lane_mask = [&](int vec) { return vec == NV - 1 ? tail : (__mmask16)0xFFFF; };
-  __m512* qv = s.qv.data();
-  __m512* acc = s.acc.data();
+  Vec* qv = s.qv.data();
+  Vec* acc = s.acc.data();
   for (int64_t rh = 0; rh < RH; ++rh) {  // rh = row * H + head
-    const T* q = static_cast<const T*>(p.q) + (it.b + rh / H) * p.q_stride_b;
-    for (int vec = 0; vec < NV; ++vec) {
-      qv[rh * NV + vec] = _mm512_mul_ps(
-          load16(q + (rh % H) * p.q_stride_h + vec * 16, lane_mask(vec)), _mm512_set1_ps(p.scale));
-      acc[rh * NV + vec] = _mm512_setzero_ps();
+    const T* q =
+        static_cast<const T*>(p.q) + (it.b + rh / H) * p.q_stride_b + (rh % H) * p.q_stride_h;
+    for (int i = 0; i < NV; ++i) {
+      qv[rh * NV + i] = vec::mul(load_part(q, i, D), vec::set1(p.scale));
+      acc[rh * NV + i] = vec::zero();
     }
     s.m[rh] = kNegInf;
     s.l[rh] = 0.0f;
@@ -136,8 +135,8 @@ void attend_range(const Problem& p, const Item& it, Scratch& s) {
   const T* vrow[kBlock];
   const float* kf[kBlock];
   const float* vf[kBlock];
-  __m512 dots[kBlock];
-  alignas(64) float probs[kBlock];
+  Vec dots[kBlock];
+  float probs[kBlock];
   for (int64_t t0 = it.lo; t0 < it.hi; t0 += kBlock) {
     const int n = (int)std::min<int64_t>(kBlock, it.hi - t0);
     // Pull the next block's rows towards the cache while this one is computed.
@@ -146,8 +145,8 @@ void attend_range(const Problem& p, const Item& it, Scratch& s) {
       const int64_t slot = slots[t0 + kBlock + j];
       const char* kp = reinterpret_cast<const char*>(kbase + slot * p.k_stride_s);
       const char* vp = reinterpret_cast<const char*>(vbase + slot * p.v_stride_s);
-      for (int64_t byte = 0; byte < k_bytes; byte += 64) _mm_prefetch(kp + byte, _MM_HINT_T0);
-      for (int64_t byte = 0; byte < v_bytes; byte += 64) _mm_prefetch(vp + byte, _MM_HINT_T0);
+      for (int64_t byte = 0; byte < k_bytes; byte += 64) vec::prefetch_l1(kp + byte);
+      for (int64_t byte = 0; byte < v_bytes; byte += 64) vec::prefetch_l1(vp + byte);
     }
     for (int64_t kvh = 0; kvh < p.kv_heads; ++kvh) {
       for (int j = 0; j < n; ++j) {
@@ -160,41 +159,48 @@ void attend_range(const Problem& p, const Item& it, Scratch& s) {
        // keys of this block that row r sees (its seq_len may end inside or before the block)
        const int nr = (int)std::min<int64_t>(n, p.seq_lens[it.b + r] - t0);
        if (nr <= 0) continue;
-       const __mmask16 valid = (__mmask16)((1u << nr) - 1);
        for (int64_t h = r * H + kvh * G; h < r * H + (kvh + 1) * G; ++h) {
-        // scores of the block: lane j = q_h . k_j
+        // scores of the block: lane j of sc[j / L] = q_h . k_j
         for (int j = 0; j < kBlock; ++j) {
           if (j >= nr) {
-            dots[j] = _mm512_setzero_ps();
+            dots[j] = vec::zero();
             continue;
           }
-          __m512 dot = _mm512_mul_ps(qv[h * NV], _mm512_maskz_loadu_ps(lane_mask(0), kf[j]));
-          for (int vec = 1; vec < NV; ++vec)
-            dot = _mm512_fmadd_ps(qv[h * NV + vec],
-                                  _mm512_maskz_loadu_ps(lane_mask(vec), kf[j] + vec * 16), dot);
+          Vec dot = vec::mul(qv[h * NV], vec::load(kf[j]));
+          for (int i = 1; i < NV; ++i)
+            dot = vec::fmadd(qv[h * NV + i], vec::load(kf[j] + i * L), dot);
           dots[j] = dot;
         }
-        __m512 sc = sum_lanes16(dots);
+        Vec sc[kScoreVecs];
+        for (int c = 0; c < kScoreVecs; ++c) sc[c] = vec::sum_lanes(dots + c * L);
         if (p.cap > 0) {
-          _mm512_store_ps(probs, sc);
+          for (int c = 0; c < kScoreVecs; ++c) vec::store(probs + c * L, sc[c]);
           for (int j = 0; j < nr; ++j) probs[j] = p.cap * std::tanh(probs[j] / p.cap);
-          sc = _mm512_load_ps(probs);
+          for (int c = 0; c < kScoreVecs; ++c) sc[c] = vec::load(probs + c * L);
         }
         // online softmax: new running max, rescale what was summed, the block's probabilities
-        sc = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), valid, sc);
-        const float m_new = std::max(s.m[h], _mm512_reduce_max_ps(sc));
+        Vec top = vec::set1(kNegInf);
+        for (int c = 0; c < kScoreVecs; ++c) {
+          sc[c] = vec::keep_first(sc[c], std::clamp(nr - c * L, 0, L), kNegInf);
+          top = vec::max(top, sc[c]);
+        }
+        const float m_new = std::max(s.m[h], vec::reduce_max(top));
         const float alpha = std::exp(s.m[h] - m_new);  // exp(-inf) = 0 on the first block
-        const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(sc, _mm512_set1_ps(m_new))));
-        _mm512_store_ps(probs, e);
-        s.l[h] = s.l[h] * alpha + _mm512_reduce_add_ps(e);
+        Vec sum = vec::zero();
+        for (int c = 0; c < kScoreVecs; ++c) {
+          const Vec e = vec::keep_first(vec::vexp(vec::sub(sc[c], vec::set1(m_new))),
+                                        std::clamp(nr - c * L, 0, L), 0.0f);
+          vec::store(probs + c * L, e);
+          sum = vec::add(sum, e);
+        }
+        s.l[h] = s.l[h] * alpha + vec::reduce_add(sum);
         s.m[h] = m_new;
-        const __m512 a = _mm512_set1_ps(alpha);
-        for (int vec = 0; vec < NV; ++vec) {
-          __m512 sum = _mm512_mul_ps(acc[h * NV + vec], a);
+        const Vec a = vec::set1(alpha);
+        for (int i = 0; i < NV; ++i) {
+          Vec out = vec::mul(acc[h * NV + i], a);
           for (int j = 0; j < nr; ++j)
-            sum = _mm512_fmadd_ps(_mm512_set1_ps(probs[j]),
-                                  _mm512_maskz_loadu_ps(lane_mask(vec), vf[j] + vec * 16), sum);
-          acc[h * NV + vec] = sum;
+            out = vec::fmadd(vec::set1(probs[j]), vec::load(vf[j] + i * L), out);
+          acc[h * NV + i] = out;
         }
        }
       }
@@ -202,10 +208,9 @@ void attend_range(const Problem& p, const Item& it, Scratch& s) {
   }
   for (int64_t rh = 0; rh < RH; ++rh) {
     const float l = s.l[rh];
-    const __m512 inv = _mm512_set1_ps(l > 0 ? 1.0f / l : 0.0f);
-    for (int vec = 0; vec < NV; ++vec)
-      _mm512_mask_storeu_ps(s.o.data() + rh * D + vec * 16, lane_mask(vec),
-                            _mm512_mul_ps(acc[rh * NV + vec], inv));
+    const Vec inv = vec::set1(l > 0 ? 1.0f / l : 0.0f);
+    for (int i = 0; i < NV && i * L < D; ++i)
+      vec::store(s.o.data() + rh * D + i * L, vec::mul(acc[rh * NV + i], inv), D - i * L);
     s.lse[rh] = l > 0 ? s.m[rh] + std::log(l) : kNegInf;
   }
 }
@@ -326,10 +331,11 @@ void run(const Problem& p, int64_t batch) {
 
 template <typename T>
 void dispatch(const Problem& p, int64_t batch) {
+  constexpr int per_chunk = 16 / vec::kLanes;  // vectors per 16 elements of a head
   switch ((p.head_dim + 15) / 16) {
-#define RADIXFLOW_CASE(nv) \
-  case nv:                 \
-    return run<T, nv>(p, batch);
+#define RADIXFLOW_CASE(chunks) \
+  case chunks:                 \
+    return run<T, chunks * per_chunk>(p, batch);
     RADIXFLOW_CASE(1) RADIXFLOW_CASE(2) RADIXFLOW_CASE(3) RADIXFLOW_CASE(4)
     RADIXFLOW_CASE(5) RADIXFLOW_CASE(6) RADIXFLOW_CASE(7) RADIXFLOW_CASE(8)
     RADIXFLOW_CASE(9) RADIXFLOW_CASE(10) RADIXFLOW_CASE(11) RADIXFLOW_CASE(12)
@@ -356,7 +362,7 @@ void decode_attention(const at::Tensor& q, const at::Tensor& k_buffer, const at:
   const int64_t kv_heads = k_buffer.size(1);
   TORCH_CHECK(k_buffer.size(2) == head_dim && heads % kv_heads == 0,
               "q heads/dim do not fit the KV heads/dim");
-  TORCH_CHECK(head_dim <= 16 * kMaxVecs, "head_dim must be at most 256");
+  TORCH_CHECK(head_dim <= 16 * kMaxChunks, "head_dim must be at most 256");
   TORCH_CHECK(q.stride(2) == 1 && k_buffer.stride(2) == 1 && v_buffer.stride(2) == 1 &&
                   out.stride(2) == 1 && req_to_token.stride(1) == 1,
               "q, k/v buffers, out and req_to_token must be contiguous in the last dim");

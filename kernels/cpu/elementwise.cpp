@@ -9,14 +9,9 @@
 //
 // In a prefill step these are a quarter of the time when run as separate torch ops (each a
 // pass over memory, many with a temporary); here each row is read and written once.
-#ifndef __AVX512F__
-#error "the CPU elementwise kernels need AVX-512F"
-#endif
-
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
-#include <immintrin.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -24,11 +19,8 @@
 
 #include "simd.h"
 
-using radixflow_cpu::exp16;
-using radixflow_cpu::first_lanes;
-using radixflow_cpu::load16;
-using radixflow_cpu::round_to;
-using radixflow_cpu::store16;
+namespace vec = radixflow_cpu;
+using vec::Vec;
 
 namespace {
 
@@ -38,23 +30,35 @@ int64_t grain(int64_t row_elements) { return std::max<int64_t>(1, kGrainElements
 
 template <typename T>
 void norm_row(const T* x, const T* w, T* y, int64_t D, float eps) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t d = 0; d < D; d += 16) {
-    const __m512 v = load16(x + d, first_lanes(D - d));
-    acc = _mm512_fmadd_ps(v, v, acc);
+  constexpr int L = vec::kLanes;
+  const int64_t full = D / L * L;
+  Vec acc = vec::zero();
+  for (int64_t d = 0; d < full; d += L) {
+    const Vec v = vec::load(x + d);
+    acc = vec::fmadd(v, v, acc);
   }
-  const __m512 r = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / D + eps));
-  for (int64_t d = 0; d < D; d += 16) {
-    const __mmask16 m = first_lanes(D - d);
-    store16(y + d, _mm512_mul_ps(_mm512_mul_ps(load16(x + d, m), r), load16(w + d, m)), m);
+  if (full < D) {
+    const Vec v = vec::load(x + full, D - full);
+    acc = vec::fmadd(v, v, acc);
+  }
+  const Vec r = vec::set1(1.0f / std::sqrt(vec::reduce_add(acc) / D + eps));
+  for (int64_t d = 0; d < full; d += L)
+    vec::store(y + d, vec::mul(vec::mul(vec::load(x + d), r), vec::load(w + d)));
+  if (full < D) {
+    const int64_t n = D - full;
+    vec::store(y + full, vec::mul(vec::mul(vec::load(x + full, n), r), vec::load(w + full, n)), n);
   }
 }
 
 template <typename T>
 void add_row(const T* x, T* r, int64_t D) {
-  for (int64_t d = 0; d < D; d += 16) {
-    const __mmask16 m = first_lanes(D - d);
-    store16(r + d, _mm512_add_ps(load16(x + d, m), load16(r + d, m)), m);
+  constexpr int L = vec::kLanes;
+  const int64_t full = D / L * L;
+  for (int64_t d = 0; d < full; d += L)
+    vec::store(r + d, vec::add(vec::load(x + d), vec::load(r + d)));
+  if (full < D) {
+    const int64_t n = D - full;
+    vec::store(r + full, vec::add(vec::load(x + full, n), vec::load(r + full, n)), n);
   }
 }
 
@@ -114,18 +118,17 @@ void silu_mul_rows(const at::Tensor& gate_up, const at::Tensor& out) {
   const T* gp = gate_up.data_ptr<T>();
   T* yp = out.data_ptr<T>();
   const int64_t sg = gate_up.stride(0), sy = out.stride(0);
-  const __m512 one = _mm512_set1_ps(1.0f);
   at::parallel_for(0, rows, grain(2 * I), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const T* g = gp + i * sg;
       const T* u = g + I;
       T* y = yp + i * sy;
-      for (int64_t d = 0; d < I; d += 16) {
-        const __mmask16 m = first_lanes(I - d);
-        const __m512 gv = load16(g + d, m);
-        const __m512 denom = _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv)));
-        const __m512 silu = round_to<T>(_mm512_div_ps(gv, denom));
-        store16(y + d, _mm512_mul_ps(silu, load16(u + d, m)), m);
+      for (int64_t d = 0; d < I; d += vec::kLanes) {
+        const int64_t n = I - d;
+        const Vec gv = vec::load(g + d, n);
+        const Vec denom = vec::add(vec::set1(1.0f), vec::vexp(vec::sub(vec::zero(), gv)));
+        const Vec silu = vec::round_to<T>(vec::div(gv, denom));
+        vec::store(y + d, vec::mul(silu, vec::load(u + d, n)), n);
       }
     }
   });
@@ -159,14 +162,14 @@ void rotate_heads(const at::Tensor& x, const at::Tensor& cos_sin, int64_t rotary
       T* x2 = x1 + half;
       const T* c = cp + t * sc;
       const T* s = c + half;
-      for (int64_t d = 0; d < half; d += 16) {
-        const __mmask16 m = first_lanes(half - d);
-        const __m512 a = load16(x1 + d, m), b = load16(x2 + d, m);
-        const __m512 cv = load16(c + d, m), sv = load16(s + d, m);
-        const __m512 ac = round_to<T>(_mm512_mul_ps(a, cv)), bs = round_to<T>(_mm512_mul_ps(b, sv));
-        const __m512 bc = round_to<T>(_mm512_mul_ps(b, cv)), as = round_to<T>(_mm512_mul_ps(a, sv));
-        store16(x1 + d, _mm512_sub_ps(ac, bs), m);
-        store16(x2 + d, _mm512_add_ps(bc, as), m);
+      for (int64_t d = 0; d < half; d += vec::kLanes) {
+        const int64_t n = half - d;
+        const Vec a = vec::load(x1 + d, n), b = vec::load(x2 + d, n);
+        const Vec cv = vec::load(c + d, n), sv = vec::load(s + d, n);
+        const Vec ac = vec::round_to<T>(vec::mul(a, cv)), bs = vec::round_to<T>(vec::mul(b, sv));
+        const Vec bc = vec::round_to<T>(vec::mul(b, cv)), as = vec::round_to<T>(vec::mul(a, sv));
+        vec::store(x1 + d, vec::sub(ac, bs), n);
+        vec::store(x2 + d, vec::add(bc, as), n);
       }
     }
   });

@@ -1,94 +1,72 @@
-// SIMD helpers shared by the CPU kernels (AVX-512).
+// The small vector abstraction the CPU kernels are written over: one source, one ISA per build.
+//
+// kernels/cpu_build.py compiles every kernel for one instruction set with explicit flags
+// (AVX-512, AVX2 + FMA, or aarch64 NEON); the compiler's target macros pick the header that
+// implements the primitives for it. Each defines, in namespace radixflow_cpu:
+//
+//     Vec, kLanes               a vector of kLanes fp32 lanes (16 / 8 / 4)
+//     kRegisters                vector registers the kernels may plan their blocking around
+//     zero set1 add sub mul div max fmadd(a b + c) fnmadd(c - a b) round_nearest
+//     scale_pow2(p, n)          p 2^n for integral n
+//     reduce_add reduce_max     over the lanes of one vector
+//     keep_first(v, n, fill)    lanes [0, n) of v, the others fill
+//     sum_lanes(v[kLanes])      lane j = the sum of the lanes of v[j] (a transpose-add)
+//     load/store(p[, n])        kLanes (or the first n) float32 or bfloat16 elements as fp32
+//                               lanes; bfloat16 stores round to nearest even as c10 does
+//     round_bf16(v)             v rounded to bfloat16 precision, kept in fp32 lanes
+//     Bf16Pairs load_pairs dot_pairs   (only with RADIXFLOW_BF16_DOT: AVX512-BF16's VDPBF16PS)
+//
+// What follows the include is written once over these.
 #pragma once
 
 #include <c10/util/BFloat16.h>
-#include <immintrin.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <type_traits>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include "simd_avx512.h"
+#elif defined(__AVX2__) && defined(__FMA__)
+#include "simd_avx2.h"
+#elif defined(__ARM_NEON)
+#include "simd_neon.h"
+#else
+#error "the CPU kernels need AVX-512 (F, BW, VL), AVX2 with FMA, or NEON"
+#endif
 
 namespace radixflow_cpu {
 
-// fp32 lanes from 16 elements of float32 or bfloat16; lanes outside `mask` are zero.
-inline __m512 load16(const float* p, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, p); }
-
-inline __m512 load16(const c10::BFloat16* p, __mmask16 mask) {
-  __m256i raw = _mm256_maskz_loadu_epi16(mask, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-// 16 fp32 lanes rounded to bfloat16 (to nearest even, NaN kept), as c10::BFloat16 rounds.
-inline __m256i to_bf16(__m512 v) {
-#ifdef __AVX512BF16__
-  return (__m256i)_mm512_cvtneps_pbh(v);
-#else
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i rounded = _mm512_srli_epi32(
-      _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC0));
-  return _mm512_cvtepi32_epi16(rounded);
-#endif
-}
-
-// Store the lanes in `mask` as float32 or (rounded) bfloat16.
-inline void store16(float* p, __m512 v, __mmask16 mask) { _mm512_mask_storeu_ps(p, mask, v); }
-
-inline void store16(c10::BFloat16* p, __m512 v, __mmask16 mask) {
-  _mm256_mask_storeu_epi16(p, mask, to_bf16(v));
-}
-
 // v rounded to T's precision, kept in fp32 lanes (what storing and reloading would give).
 template <typename T>
-inline __m512 round_to(__m512 v) {
+inline Vec round_to(Vec v) {
   if constexpr (std::is_same_v<T, float>) {
     return v;
   } else {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16(v)), 16));
+    return round_bf16(v);
   }
 }
 
 // e^x: x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial (error below
 // 1e-8), times 2^n. Very negative x (including -inf) gives 0.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+inline Vec vexp(Vec x) {
+  x = max(x, set1(-104.0f));
+  const Vec n = round_nearest(mul(x, set1(1.44269504088896341f)));
+  Vec r = fnmadd(n, set1(0.693145751953125f), x);
+  r = fnmadd(n, set1(1.428606765330187e-06f), r);
+  Vec p = set1(1.0f / 5040);
+  p = fmadd(p, r, set1(1.0f / 720));
+  p = fmadd(p, r, set1(1.0f / 120));
+  p = fmadd(p, r, set1(1.0f / 24));
+  p = fmadd(p, r, set1(1.0f / 6));
+  p = fmadd(p, r, set1(0.5f));
+  p = fmadd(p, r, set1(1.0f));
+  p = fmadd(p, r, set1(1.0f));
+  return scale_pow2(p, n);
 }
 
-// Lanes [0, n) of a 16-lane vector (n >= 16: all of them).
-inline __mmask16 first_lanes(int64_t n) {
-  return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
-}
-
-// Lane j of the result is the sum of the lanes of v[j]: a transpose and add in four rounds.
-inline __m512 sum_lanes16(const __m512* v) {
-  __m512 t[8], u[4], w[2];
-  for (int i = 0; i < 8; ++i)
-    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
-    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  // u[i] lane group c holds the partial sums of v[4i..4i+3] over their 128-bit lane c
-  for (int i = 0; i < 2; ++i)
-    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
-                       _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
-}
+// Pull the cache line at p towards L1 (prefetch_l1) or L2 (prefetch_l2).
+inline void prefetch_l1(const void* p) { __builtin_prefetch(p, 0, 3); }
+inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 
 }  // namespace radixflow_cpu

@@ -1,73 +1,64 @@
 // y = x @ w^T (+ bias) for a few rows of x (M <= 8): the decode / verify shape, bound by reading
 // w once. Each task takes a block of R consecutive rows of w and walks them together along K,
-// one 64-byte line per row per step, against all M rows of x (which stay in L1/L2):
+// one vector (a "line") per row per step, against all M rows of x (which stay in L1/L2):
 //
-//     for k in steps of one line:             acc[r][m] (R*M <= 24 zmm registers)
+//     for k in steps of one line:             acc[r][m] (R*M vector registers)
 //         w_r = w[n0 + r, k:k+line]            += x[m, k:k+line] * w_r   (lane-wise)
 //
-// then the R*M lane vectors are summed 16 at a time by a transpose-add. Accumulation is fp32:
-// FMA for float32; for bfloat16, VDPBF16PS (two bf16 products per fp32 lane) when the CPU has
-// AVX512-BF16, else w and x widened to fp32.
-#ifndef __AVX512F__
-#error "the CPU linear kernel needs AVX-512F"
-#endif
-
+// then the R*M lane vectors are summed kLanes at a time by a transpose-add. Accumulation is
+// fp32: FMA for float32; for bfloat16, VDPBF16PS (two bf16 products per fp32 lane) when the
+// build has AVX512-BF16, else w and x widened to fp32.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
-#include <immintrin.h>
 #include <torch/library.h>
-
-#include "simd.h"
-
-using radixflow_cpu::sum_lanes16;
 
 #include <algorithm>
 #include <vector>
+
+#include "simd.h"
+
+namespace vec = radixflow_cpu;
+using vec::Vec;
 
 namespace {
 
 constexpr int kMaxRows = 8;
 
 // How one line of w meets one line of x. `W`/`X` are the element types read, `kStep` the
-// elements per line, `Vec` what a line loads into.
+// elements per line, `Line` what a line loads into; `load(p, n)` reads the first n.
 struct Fp32Op {
   using W = float;
   using X = float;
-  using Vec = __m512;
-  static constexpr int kStep = 16;
-  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
-  static Vec load(const float* p, uint32_t mask) { return _mm512_maskz_loadu_ps((__mmask16)mask, p); }
-  static __m512 madd(__m512 acc, Vec x, Vec w) { return _mm512_fmadd_ps(x, w, acc); }
+  using Line = Vec;
+  static constexpr int kStep = vec::kLanes;
+  static Line load(const float* p) { return vec::load(p); }
+  static Line load(const float* p, int64_t n) { return vec::load(p, n); }
+  static Vec madd(Vec acc, Line x, Line w) { return vec::fmadd(x, w, acc); }
 };
 
-#ifdef __AVX512BF16__
+#ifdef RADIXFLOW_BF16_DOT
 struct Bf16DotOp {
   using W = c10::BFloat16;
   using X = c10::BFloat16;
-  using Vec = __m512i;
-  static constexpr int kStep = 32;
-  static Vec load(const W* p) { return _mm512_loadu_si512(p); }
-  static Vec load(const W* p, uint32_t mask) { return _mm512_maskz_loadu_epi16((__mmask32)mask, p); }
-  static __m512 madd(__m512 acc, Vec x, Vec w) {
-    return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);
-  }
+  using Line = vec::Bf16Pairs;
+  static constexpr int kStep = 2 * vec::kLanes;
+  static Line load(const W* p) { return vec::load_pairs(p); }
+  static Line load(const W* p, int64_t n) { return vec::load_pairs(p, n); }
+  static Vec madd(Vec acc, Line x, Line w) { return vec::dot_pairs(acc, x, w); }
 };
 #else
 // bf16 w widened on load; x already widened to fp32 once per call.
 struct Bf16WidenOp {
   using W = c10::BFloat16;
   using X = float;
-  using Vec = __m512;
-  static constexpr int kStep = 16;
-  static __m512 widen(__m256i raw) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-  }
-  static Vec load(const W* p) { return widen(_mm256_loadu_si256((const __m256i*)p)); }
-  static Vec load(const W* p, uint32_t mask) { return widen(_mm256_maskz_loadu_epi16((__mmask16)mask, p)); }
-  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
-  static Vec load(const float* p, uint32_t mask) { return _mm512_maskz_loadu_ps((__mmask16)mask, p); }
-  static __m512 madd(__m512 acc, Vec x, Vec w) { return _mm512_fmadd_ps(x, w, acc); }
+  using Line = Vec;
+  static constexpr int kStep = vec::kLanes;
+  static Line load(const W* p) { return vec::load(p); }
+  static Line load(const W* p, int64_t n) { return vec::load(p, n); }
+  static Line load(const float* p) { return vec::load(p); }
+  static Line load(const float* p, int64_t n) { return vec::load(p, n); }
+  static Vec madd(Vec acc, Line x, Line w) { return vec::fmadd(x, w, acc); }
 };
 #endif
 
@@ -84,42 +75,48 @@ struct Problem {
 template <typename Op, typename Out, int M, int R>
 inline void block(const Problem<Op, Out>& p, int64_t n0) {
   constexpr int S = Op::kStep;
-  constexpr int kCount = R * M, kGroups = (kCount + 15) / 16;
-  __m512 acc[kGroups * 16];
-  for (int i = 0; i < kGroups * 16; ++i) acc[i] = _mm512_setzero_ps();
+  constexpr int L = vec::kLanes, kCount = R * M, kGroups = (kCount + L - 1) / L;
+  Vec acc[kGroups * L];
+  for (int i = 0; i < kGroups * L; ++i) acc[i] = vec::zero();
   const typename Op::W* w = p.w + n0 * p.k;
   const int64_t full = p.k / S * S;
   // Rows of a block are short (a few lines each), too short for the hardware prefetcher to
   // follow R of them at once; the block is one contiguous run, so each step pulls the next
-  // stretch of the following block in, front to back, and that block is in L2 by the time it is read.
+  // stretch of the following block in, front to back, and that block is in L2 by the time it is
+  // read.
   const char* next = reinterpret_cast<const char*>(w + R * p.k);
   const int64_t steps = (p.k + S - 1) / S;
-  const int64_t per_step = (R * p.k * (int64_t)sizeof(typename Op::W) + 64 * steps - 1) / (64 * steps);
+  const int64_t bytes = R * p.k * (int64_t)sizeof(typename Op::W);
+  const int64_t per_step = (bytes + 64 * steps - 1) / (64 * steps);
   for (int64_t k = 0; k < full; k += S) {
-    for (int64_t i = 0; i < per_step; ++i) _mm_prefetch(next + 64 * ((k / S) * per_step + i), _MM_HINT_T1);
+    for (int64_t i = 0; i < per_step; ++i) vec::prefetch_l2(next + 64 * ((k / S) * per_step + i));
     for (int r = 0; r < R; ++r) {
-      const typename Op::Vec wv = Op::load(w + r * p.k + k);
-      for (int m = 0; m < M; ++m) acc[r * M + m] = Op::madd(acc[r * M + m], Op::load(p.x + m * p.ldx + k), wv);
+      const typename Op::Line wv = Op::load(w + r * p.k + k);
+      for (int m = 0; m < M; ++m)
+        acc[r * M + m] = Op::madd(acc[r * M + m], Op::load(p.x + m * p.ldx + k), wv);
     }
   }
   if (full < p.k) {
-    const uint32_t mask = (uint32_t)((1ull << (p.k - full)) - 1);
+    const int64_t n = p.k - full;
     for (int r = 0; r < R; ++r) {
-      const typename Op::Vec wv = Op::load(w + r * p.k + full, mask);
+      const typename Op::Line wv = Op::load(w + r * p.k + full, n);
       for (int m = 0; m < M; ++m)
-        acc[r * M + m] = Op::madd(acc[r * M + m], Op::load(p.x + m * p.ldx + full, mask), wv);
+        acc[r * M + m] = Op::madd(acc[r * M + m], Op::load(p.x + m * p.ldx + full, n), wv);
     }
   }
-  alignas(64) float sums[kGroups * 16];
-  for (int g = 0; g < kGroups; ++g) _mm512_store_ps(sums + g * 16, sum_lanes16(acc + g * 16));
+  float sums[kGroups * L];
+  for (int g = 0; g < kGroups; ++g) vec::store(sums + g * L, vec::sum_lanes(acc + g * L));
   for (int r = 0; r < R; ++r) {
     const float b = p.bias ? static_cast<float>(p.bias[n0 + r]) : 0.0f;
     for (int m = 0; m < M; ++m) p.y[m * p.ldy + n0 + r] = Out(sums[r * M + m] + b);
   }
 }
 
-// Rows of w per block: R * M accumulators plus a line of w and one of x fit the 32 registers.
-constexpr int rows_per_block(int m) { return m <= 2 ? 8 : m <= 4 ? 4 : 3; }
+// Rows of w per block: R * M accumulators plus a line of w and one of x fit the registers.
+constexpr int rows_per_block(int m) {
+  if constexpr (vec::kRegisters >= 32) return m <= 2 ? 8 : m <= 4 ? 4 : 3;
+  return m == 1 ? 8 : m == 2 ? 6 : m <= 4 ? 3 : m <= 6 ? 2 : 1;
+}
 
 template <typename Op, typename Out, int M>
 void run(const Problem<Op, Out>& p) {
@@ -174,7 +171,7 @@ void small_linear(const at::Tensor& x, const at::Tensor& weight,
   }
   using BF = c10::BFloat16;
   const BF* b = bias ? bias->data_ptr<BF>() : nullptr;
-#ifdef __AVX512BF16__
+#ifdef RADIXFLOW_BF16_DOT
   const Problem<Bf16DotOp, BF> p{x.data_ptr<BF>(), weight.data_ptr<BF>(), b, out.data_ptr<BF>(),
                                  n, k, x.stride(0), out.stride(0)};
   dispatch(p, m);

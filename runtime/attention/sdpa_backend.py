@@ -91,13 +91,12 @@ class TorchPagedBackend(AttentionBackend):
         self._cascade: list[_CascadeRows] = []
         self._batch: ForwardBatch | None = None
         self._decode_only = False
-        k_buf = pool.k_buffers[0]
         # the flash kernel that also returns the log-sum-exp is CPU-only
-        self._can_cascade = cascade and k_buf.device.type == "cpu"
+        self._can_cascade = cascade and pool.device.type == "cpu"
         self._kernel = (
             use_kernel
-            and k_buf.device.type == "cpu"
-            and cpu_attention.supports(k_buf.dtype, k_buf.shape[2])
+            and pool.device.type == "cpu"
+            and cpu_attention.supports(pool.dtype, pool.head_dim)
         )
         self._extend: list[_ExtendRow] = []
 

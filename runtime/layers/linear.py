@@ -4,6 +4,9 @@ A step with at most `MAX_ROWS` tokens (decode of a few requests, speculative ver
 bound by reading the weights; on the CPU the small-row kernel (kernels/cpu_linear.py) streams
 them much faster than `F.linear`. Prefill, large batches, other dtypes and autograd go to
 `F.linear` (kernels/reference.py `linear_ref`); on CUDA everything does.
+
+Weights kept packed in ggml blocks (GGUF Q8_0/Q4_0/Q4_1/Q4_K/Q6_K, or quantized at load) live in
+`QuantLinear`, bound to a `QuantLinearImpl` (reference: kernels/reference.py `quant_linear_ref`).
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from radixflow.kernels import quant_linear
 from radixflow.kernels.cpu_linear import DTYPES, MAX_ROWS, small_linear
-from radixflow.kernels.reference import linear_ref
+from radixflow.kernels.quant_formats import QTYPES, PackedWeight, row_bytes
+from radixflow.kernels.reference import linear_ref, quant_linear_ref
 from radixflow.runtime.layers.target import OpsTarget
 
 LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
@@ -59,3 +64,110 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.impl.fn(x, self.weight, self.bias)
+
+
+# -- packed (quantized) weights ---------------------------------------------------------------
+QuantLinearFn = Callable[[torch.Tensor, torch.Tensor, str, int, torch.Tensor | None], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class QuantLinearImpl:
+    """`fn(x, packed, qtype, k, bias)` = kernels/reference.py `quant_linear_ref`. `qtypes`: the
+    types it runs without dequantizing the whole weight per call (the reference runs every
+    type, but `quantization=auto` keeps GGUF weights packed only where this set has their type)."""
+
+    name: str
+    fn: QuantLinearFn
+    qtypes: frozenset[str]
+
+
+def _cpu_quant_linear(
+    x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """The compiled CPU kernel (kernels/quant_linear.py) for the dtypes it takes."""
+    if x.dim() == 2 and x.dtype in quant_linear.DTYPES and (bias is None or bias.dtype == x.dtype):
+        return quant_linear.quant_linear(x, packed, qtype, k, bias)
+    return quant_linear_ref(x, packed, qtype, k, bias)
+
+
+def choose_quant_linear(target: OpsTarget) -> QuantLinearImpl:
+    """Triton (W8A16/W4A16: q8_0, q4_0, q4_1) on CUDA with the Triton kernels, the compiled
+    CPU kernel (every qtype) where the CPU kernels are built (also under the Triton
+    interpreter, as the other matmuls), else the reference, which dequantizes the whole
+    weight on every call (no type counts as fast there)."""
+    if target.triton and target.device.type == "cuda":
+        from radixflow.kernels import quant_triton
+
+        def triton_quant_linear(
+            x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int, bias: torch.Tensor | None
+        ) -> torch.Tensor:
+            if qtype in quant_triton.QTYPES and x.dim() == 2 and x.dtype in quant_triton.DTYPES:
+                return quant_triton.quant_linear_triton(x, packed, qtype, k, bias)
+            return quant_linear_ref(x, packed, qtype, k, bias)
+
+        return QuantLinearImpl("triton", triton_quant_linear, frozenset(quant_triton.QTYPES))
+    if target.cpu_kernels and quant_linear.quant_linear_available():
+        return QuantLinearImpl("cpu", _cpu_quant_linear, frozenset(QTYPES))
+    return QuantLinearImpl("torch-dequantize", quant_linear_ref, frozenset())
+
+
+class QuantLinear(nn.Module):
+    """A projection whose weight stays packed (kernels/quant_formats.py), run by the bound impl.
+
+    A fused projection (q|k|v, gate|up) may mix qtypes, as GGUF K-quant files do: its output
+    rows are held in segments of one qtype each, one buffer `packed<i>` [rows, row_bytes] per
+    segment, and the segments' outputs are concatenated.
+    """
+
+    def __init__(
+        self, in_features: int, parts: list[tuple[int, str]], bias: bool, impl: QuantLinearImpl
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = sum(rows for rows, _ in parts)
+        self.impl = impl
+        self.segments: list[tuple[str, int, int]] = []  # (qtype, first output row, rows)
+        start = 0
+        for rows, qtype in parts:
+            if self.segments and self.segments[-1][0] == qtype:
+                first = self.segments[-1][1]
+                self.segments[-1] = (qtype, first, start + rows - first)
+            else:
+                self.segments.append((qtype, start, rows))
+            start += rows
+        for i, (qtype, _, rows) in enumerate(self.segments):
+            nbytes = row_bytes(qtype, in_features)
+            self.register_buffer(f"packed{i}", torch.empty(rows, nbytes, dtype=torch.uint8))
+        self.bias = nn.Parameter(torch.zeros(self.out_features)) if bias else None
+
+    def packed(self, i: int) -> torch.Tensor:
+        return getattr(self, f"packed{i}")
+
+    def load(self, weight: PackedWeight, row_offset: int | None = None) -> None:
+        """Copy a packed weight in: the whole weight (`row_offset` None), or one part of a
+        fused one starting at output row `row_offset`."""
+        rows, k = weight.shape
+        start = row_offset or 0
+        whole = row_offset is None and rows != self.out_features
+        for i, (qtype, first, count) in enumerate(self.segments):
+            if first <= start < first + count:
+                if (
+                    whole
+                    or weight.qtype != qtype
+                    or k != self.in_features
+                    or start + rows > first + count
+                ):
+                    raise ValueError(
+                        f"packed {weight.qtype} weight {list(weight.shape)} does not fit rows "
+                        f"{first}-{first + count} ({qtype}, K={self.in_features}) at row {start}"
+                    )
+                self.packed(i)[start - first : start - first + rows].copy_(weight.data)
+                return
+        raise ValueError(f"row {start} is outside this layer's {self.out_features} rows")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for i, (qtype, first, count) in enumerate(self.segments):
+            bias = None if self.bias is None else self.bias[first : first + count]
+            outs.append(self.impl.fn(x, self.packed(i), qtype, self.in_features, bias))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixflow.kernels import cpu_build
 from radixflow.kernels.cpu_build import cpu_kernels_available
 
 CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
@@ -30,3 +31,15 @@ class OpsTarget:
             and self.dtype in CPU_KERNEL_DTYPES
             and cpu_kernels_available()
         )
+
+    def describe(self) -> str:
+        """Device, dtype and, on the CPU, the C++ kernels' ISA or why they are off, e.g.
+        `cpu float32, CPU kernels avx512+bf16` (for the ops log line and the startup summary)."""
+        where = f"{self.device} {str(self.dtype).removeprefix('torch.')}"
+        if self.device.type != "cpu":
+            return where
+        if self.cpu_kernels:
+            return f"{where}, CPU kernels {cpu_build.loaded().describe()}"
+        if self.dtype not in CPU_KERNEL_DTYPES:
+            return f"{where}, CPU kernels off (they take float32 and bfloat16)"
+        return f"{where}, CPU kernels off ({cpu_build.loaded().reason})"

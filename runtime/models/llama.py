@@ -4,22 +4,32 @@ Differences between the families are config switches: q/k/v bias (Qwen2), per-he
 RMSNorm (Qwen3), tied embeddings, RoPE scaling, GQA. q/k/v and gate/up projections are
 fused into one matmul each; attention goes through the AttentionBackend seam. The model never
 chooses kernels: its ops (runtime/layers/) are bound once, here, from an OpsTarget, and the
-choice is logged.
+choice is logged. Weights the loader's plan keeps packed (`packed`: HF name -> qtype) live in
+QuantLinear / QuantEmbedding layers; a fused projection is packed when all its parts are.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from radixflow.kernels.quant_formats import PackedWeight
 from radixflow.runtime.attention.base import AttentionBackend, AttentionLayerSpec
 from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.layers.activation import SiluAndMulImpl, choose_silu_and_mul
-from radixflow.runtime.layers.linear import Linear, LinearImpl, choose_linear
+from radixflow.runtime.layers.embedding import QuantEmbedding
+from radixflow.runtime.layers.linear import (
+    Linear,
+    LinearImpl,
+    QuantLinear,
+    QuantLinearImpl,
+    choose_linear,
+    choose_quant_linear,
+)
 from radixflow.runtime.layers.norm import RMSNorm, RMSNormImpl, choose_rms_norm
 from radixflow.runtime.layers.rotary import (
     RopeSpec,
@@ -48,6 +58,7 @@ class ModelOps:
     rotary: RotaryImpl
     silu_and_mul: SiluAndMulImpl
     linear: LinearImpl
+    quant_linear: QuantLinearImpl
 
     @classmethod
     def choose(cls, target: OpsTarget) -> ModelOps:
@@ -56,18 +67,41 @@ class ModelOps:
             rotary=choose_rotary(target),
             silu_and_mul=choose_silu_and_mul(target),
             linear=choose_linear(target),
+            quant_linear=choose_quant_linear(target),
         )
 
     def describe(self) -> str:
         """One line naming each op's implementation, e.g. `rms_norm=cpu rotary=cpu ...`."""
-        ops = (self.rms_norm, self.rotary, self.silu_and_mul, self.linear)
-        names = ("rms_norm", "rotary", "silu_and_mul", "linear")
+        ops = (self.rms_norm, self.rotary, self.silu_and_mul, self.linear, self.quant_linear)
+        names = ("rms_norm", "rotary", "silu_and_mul", "linear", "quant_linear")
         return " ".join(f"{n}={op.name}" for n, op in zip(names, ops, strict=True))
+
+
+def projection(
+    in_features: int,
+    parts: list[tuple[str, int]],
+    bias: bool,
+    ops: ModelOps,
+    packed: Mapping[str, str],
+) -> Linear | QuantLinear:
+    """A (fused) projection of `parts` = (HF weight name, output rows) in order: packed when
+    the plan packs every part, float otherwise (packed parts are then dequantized at load)."""
+    qtypes = [packed.get(name) for name, _ in parts]
+    if all(qtypes):
+        segments = [(rows, str(q)) for (_, rows), q in zip(parts, qtypes, strict=True)]
+        return QuantLinear(in_features, segments, bias, ops.quant_linear)
+    return Linear(in_features, sum(rows for _, rows in parts), bias, ops.linear)
 
 
 class Attention(nn.Module):
     def __init__(
-        self, config, layer_id: int, head_dim: int, backend: AttentionBackend, ops: ModelOps
+        self,
+        config,
+        layer_id: int,
+        head_dim: int,
+        backend: AttentionBackend,
+        ops: ModelOps,
+        packed: Mapping[str, str],
     ) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -76,8 +110,10 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
         bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
-        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias, ops.linear)
-        self.o_proj = Linear(self.q_size, config.hidden_size, False, ops.linear)
+        name = f"model.layers.{layer_id}.self_attn.{{}}_proj.weight".format
+        qkv = [(name("q"), self.q_size), (name("k"), self.kv_size), (name("v"), self.kv_size)]
+        self.qkv_proj = projection(config.hidden_size, qkv, bias, ops, packed)
+        self.o_proj = projection(self.q_size, [(name("o"), config.hidden_size)], False, ops, packed)
         self.qk_norm = config.model_type == "qwen3"
         if self.qk_norm:
             self.q_norm = RMSNorm(head_dim, config.rms_norm_eps, ops.rms_norm)
@@ -110,10 +146,19 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, ops: ModelOps) -> None:
+    def __init__(
+        self,
+        hidden: int,
+        intermediate: int,
+        layer_id: int,
+        ops: ModelOps,
+        packed: Mapping[str, str],
+    ) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(hidden, 2 * intermediate, False, ops.linear)
-        self.down_proj = Linear(intermediate, hidden, False, ops.linear)
+        name = f"model.layers.{layer_id}.mlp.{{}}_proj.weight".format
+        gate_up = [(name("gate"), intermediate), (name("up"), intermediate)]
+        self.gate_up_proj = projection(hidden, gate_up, False, ops, packed)
+        self.down_proj = projection(intermediate, [(name("down"), hidden)], False, ops, packed)
         self.act = ops.silu_and_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -122,14 +167,20 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, config, layer_id: int, head_dim: int, backend: AttentionBackend, ops: ModelOps
+        self,
+        config,
+        layer_id: int,
+        head_dim: int,
+        backend: AttentionBackend,
+        ops: ModelOps,
+        packed: Mapping[str, str],
     ) -> None:
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, ops.rms_norm)
-        self.self_attn = Attention(config, layer_id, head_dim, backend, ops)
+        self.self_attn = Attention(config, layer_id, head_dim, backend, ops, packed)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, ops.rms_norm)
-        self.mlp = MLP(config.hidden_size, config.intermediate_size, ops)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size, layer_id, ops, packed)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, rotate: Rotate, batch: ForwardBatch
@@ -150,10 +201,16 @@ class LlamaForCausalLM(nn.Module):
     """Decoder-only transformer; `forward` returns float32 logits for `batch.logits_indices`.
 
     Build it under `torch.device(target.device)`: the RoPE table is made on the default device.
+    `packed` (HF weight name -> qtype, from `Checkpoint.quant_plan`) names the weights kept packed.
     """
 
     def __init__(
-        self, config, backend: AttentionBackend, target: OpsTarget, max_position: int
+        self,
+        config,
+        backend: AttentionBackend,
+        target: OpsTarget,
+        max_position: int,
+        packed: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
         archs = getattr(config, "architectures", None) or ["LlamaForCausalLM"]
@@ -166,24 +223,41 @@ class LlamaForCausalLM(nn.Module):
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         )
         self.head_dim = head_dim
+        packed = packed or {}
         self.ops = ModelOps.choose(target)
-        logger.info("ops for %s %s: %s", target.device, target.dtype, self.ops.describe())
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        logger.info("ops for %s: %s", target.describe(), self.ops.describe())
+        hidden, vocab = config.hidden_size, config.vocab_size
+        embed_qtype = packed.get("model.embed_tokens.weight")
+        self.embed_tokens: nn.Embedding | QuantEmbedding = (
+            QuantEmbedding(vocab, hidden, embed_qtype, target.dtype, self.ops.quant_linear)
+            if embed_qtype
+            else nn.Embedding(vocab, hidden)
+        )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, head_dim, backend, self.ops)
+            DecoderLayer(config, i, head_dim, backend, self.ops, packed)
             for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, self.ops.rms_norm)
+        self.norm = RMSNorm(hidden, config.rms_norm_eps, self.ops.rms_norm)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head: nn.Linear | QuantLinear = (
+                projection(hidden, [("lm_head.weight", vocab)], False, self.ops, packed)
+                if "lm_head.weight" in packed
+                else nn.Linear(hidden, vocab, bias=False)
+            )
         self.rotary = RotaryEmbedding(
             RopeSpec.from_config(config, head_dim), head_dim, max_position, self.ops.rotary
         )
 
-    @property
-    def output_weight(self) -> torch.Tensor:
-        return self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [T, hidden] -> logits [T, vocab] through lm_head (or the tied
+        embedding), in the model's dtype."""
+        head = self.embed_tokens if self.tie_word_embeddings else self.lm_head
+        if isinstance(head, QuantEmbedding):
+            return head.linear(x)
+        if isinstance(head, QuantLinear):
+            return head(x)
+        return self.ops.linear.fn(x, head.weight, None)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -194,13 +268,14 @@ class LlamaForCausalLM(nn.Module):
             x, residual = layer(x, residual, rotate, batch)
         rows = batch.logits_indices
         x, _ = self.norm.add_forward(x.index_select(0, rows), residual.index_select(0, rows))
-        return self.ops.linear.fn(x, self.output_weight, None).float()
+        return self.logits(x).float()
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors in, fusing q/k/v and gate/up; every parameter must be set."""
-        params = dict(self.named_parameters())
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | PackedWeight]]) -> None:
+        """Copy HF-named weights in, fusing q/k/v and gate/up; every parameter must be set.
+        Packed weights go into packed layers as they are, into float layers dequantized."""
+        params = self._weight_targets()
         loaded: set[str] = set()
-        for name, tensor in weights:
+        for name, value in weights:
             if "rotary_emb" in name:
                 continue
             target, row_offset = self._fused_target(name, params)
@@ -209,6 +284,13 @@ class LlamaForCausalLM(nn.Module):
                     continue
                 raise ValueError(f"checkpoint has unexpected weight {name!r}")
             param = params[target]
+            if isinstance(param, QuantLinear):
+                if not isinstance(value, PackedWeight):
+                    raise ValueError(f"weight {name!r} is a float tensor but its layer is packed")
+                param.load(value, row_offset)
+                loaded.add(name)
+                continue
+            tensor = value.dequantize() if isinstance(value, PackedWeight) else value
             with torch.no_grad():
                 if row_offset is None:
                     if param.shape != tensor.shape:
@@ -224,8 +306,16 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:8]}")
 
+    def _weight_targets(self) -> dict[str, nn.Parameter | QuantLinear]:
+        """Our weight names -> their float parameter or packed layer (`<layer>.weight`)."""
+        targets: dict[str, nn.Parameter | QuantLinear] = dict(self.named_parameters())
+        for module_name, module in self.named_modules():
+            if isinstance(module, QuantLinear):
+                targets[f"{module_name}.weight"] = module
+        return targets
+
     def _fused_target(
-        self, name: str, params: dict[str, nn.Parameter]
+        self, name: str, params: Mapping[str, nn.Parameter | QuantLinear]
     ) -> tuple[str | None, int | None]:
         """Map a HF weight name to (our parameter, row offset into a fused parameter)."""
         stem = name.removeprefix("model.")
@@ -245,7 +335,7 @@ class LlamaForCausalLM(nn.Module):
 
     def _expected_names(self) -> set[str]:
         names = set()
-        for pname, _ in self.named_parameters():
+        for pname in self._weight_targets():
             if pname == "lm_head.weight":
                 names.add(pname)
                 continue

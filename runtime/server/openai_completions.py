@@ -10,6 +10,7 @@ import codecs
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -91,7 +92,7 @@ async def completions(body: CompletionRequest, request: Request):
         text, meta = r["text"], r["meta_info"]
         lp = None
         if body.logprobs is not None:
-            lp = _completion_logprobs(ctx, meta, bool(body.echo), sub.input_ids)
+            lp = _completion_logprobs(ctx, meta, bool(body.echo))
         if body.echo:
             text = ctx.client.detokenize(sub.input_ids) + text
         choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": finish(meta)})
@@ -128,7 +129,7 @@ async def _completion_stream(
     created: int,
 ) -> AsyncIterator[str]:
     sent_chars = [0] * len(batch.items)
-    sent_tokens = [0] * len(batch.items)
+    offsets = [TextOffsets() for _ in batch.items]
     results: list[dict | None] = [None] * len(batch.items)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     base = {"id": rid, "object": "text_completion", "created": created, "model": model}
@@ -142,8 +143,7 @@ async def _completion_stream(
         reason = finish(meta)
         lp = None
         if body.logprobs is not None:
-            lp = _completion_logprobs(ctx, meta, False, [], start=sent_tokens[i])
-            sent_tokens[i] = len(meta.get("output_token_logprobs", []))
+            lp = _completion_logprobs(ctx, meta, False, offsets[i])
         if not delta and reason is None and not (lp and lp["tokens"]):
             continue
         choice = {"index": i, "text": delta, "logprobs": lp, "finish_reason": reason}
@@ -155,19 +155,41 @@ async def _completion_stream(
     yield "data: [DONE]\n\n"
 
 
+@dataclass
+class TextOffsets:
+    """Where each token starts in the decoded text, in characters, for tokens fed in order: a
+    token holding the tail of a multi-byte character starts where that character does. One per
+    streamed choice, so each chunk decodes only its new tokens."""
+
+    fed: int = 0  # tokens fed so far
+    chars: int = 0
+    decoder: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
+    )
+
+    def feed(self, ctx: ServerContext, token_ids: list[int]) -> list[int]:
+        offsets = []
+        for t in token_ids:
+            offsets.append(self.chars)
+            self.chars += len(self.decoder.decode(token_bytes(ctx, t)))
+        self.fed += len(token_ids)
+        return offsets
+
+
 def _completion_logprobs(
-    ctx: ServerContext, meta: dict, echo: bool, prompt_ids: list[int], start: int = 0
+    ctx: ServerContext, meta: dict, echo: bool, offsets: TextOffsets | None = None
 ) -> dict[str, Any]:
-    """Completion logprobs from output entry `start` on (and the prompt's first, with echo);
-    `text_offset` counts characters of the whole text, so stream chunks continue it."""
+    """Completion logprobs of the entries `offsets` has not seen yet (all, and the prompt's
+    with echo, when it is None); `text_offset` counts characters of the whole text, so stream
+    chunks continue it."""
     entries = list(meta.get("output_token_logprobs", []))
     tops = list(meta.get("output_top_logprobs", []))
     if echo:
         prompt_lps = meta.get("input_token_logprobs", [])
         entries = [(lp, t, None) for (lp, t, _) in prompt_lps] + entries
         tops = list(meta.get("input_top_logprobs", [None] * len(prompt_lps))) + tops
-    offsets = _text_offsets(ctx, [t for _, t, _ in entries])[start:]
-    entries, tops = entries[start:], tops[start:]
+    offsets = offsets or TextOffsets()
+    entries, tops = entries[offsets.fed :], tops[offsets.fed :]
     top = None
     if tops:
         top = [
@@ -177,16 +199,5 @@ def _completion_logprobs(
         "tokens": [token_name(ctx, t) for _, t, _ in entries],
         "token_logprobs": [lp for lp, _, _ in entries],
         "top_logprobs": top,
-        "text_offset": offsets,
+        "text_offset": offsets.feed(ctx, [t for _, t, _ in entries]),
     }
-
-
-def _text_offsets(ctx: ServerContext, token_ids: list[int]) -> list[int]:
-    """Where each token starts in the decoded text, in characters: a token holding the tail
-    of a multi-byte character starts where that character does."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    offsets, chars = [], 0
-    for t in token_ids:
-        offsets.append(chars)
-        chars += len(decoder.decode(token_bytes(ctx, t)))
-    return offsets

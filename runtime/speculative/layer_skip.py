@@ -16,6 +16,7 @@ from pathlib import Path
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from radixflow.runtime.gguf_convert import PACKED_METADATA_KEY
 from radixflow.runtime.model_loader import resolve_model_dir, safetensors_files
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
@@ -41,11 +42,14 @@ def write_layer_skip_draft(
         config["layer_types"] = config["layer_types"][:num_layers]
     (out / "config.json").write_text(json.dumps(config, indent=2))
     tensors = {}
+    packed = {}  # a converted GGUF's packed weights: their qtype and shape travel with them
     for file in safetensors_files(src):
         with safe_open(file, framework="pt") as shard:
+            packed.update(json.loads((shard.metadata() or {}).get(PACKED_METADATA_KEY, "{}")))
             for name in shard.keys():  # noqa: SIM118 (safe_open has no __iter__)
                 layer = _LAYER.search(name)
                 if layer is None or int(layer.group(1)) < num_layers:
                     tensors[name] = shard.get_tensor(name)
-    save_file(tensors, out / "model.safetensors")
+    kept = json.dumps({name: entry for name, entry in packed.items() if name in tensors})
+    save_file(tensors, out / "model.safetensors", metadata={PACKED_METADATA_KEY: kept})
     return out

@@ -1,0 +1,87 @@
+"""The CPU quantized linear (GGUF blocks kept packed) against fp32 F.linear, in one run.
+
+    python benchmarks/quant_kernels.py [--repeats 7] [--threads N] [--rows 1 8 64]
+
+For the default model's (SmolLM2-135M) matrix shapes, N x K: o_proj 576x576, gate/up 1536x576,
+down 576x1536 and the tied lm_head 49152x576, and M rows of x: the median time of one matrix
+for torch's F.linear on the dequantized fp32 weight and for `quant_linear` on each qtype (K-quants
+need K a multiple of 256: down only), the weight bytes read per second (packed bytes for the
+kernel, fp32 bytes for F.linear) and the speedup. Each layer shape is timed over 30 distinct
+copies, as the model's 30 layers, so the weights stream from memory rather than sit in cache;
+the lm_head is one matrix. Kernel and F.linear run in turn in every repeat (same load). The
+header gives this machine's copy bandwidth (read + write) as the roofline for M = 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from common import copy_bandwidth, print_table
+from cpu_linear import paired_medians
+
+from radixflow.kernels.quant_formats import quant_format
+from radixflow.kernels.quant_linear import QTYPES, quant_linear, quant_linear_available
+from radixflow.kernels.testing import random_gguf_weight
+
+LAYERS = 30
+SHAPES = [
+    ("o_proj", 576, 576),
+    ("gate/up", 1536, 576),
+    ("down", 576, 1536),
+    ("lm_head", 49152, 576),
+]
+
+
+def shape_rows(name: str, n: int, k: int, rows_list: list[int], repeats: int) -> list[list[object]]:
+    copies = 1 if name == "lm_head" else LAYERS
+    gen = torch.Generator().manual_seed(n + k)
+    dense = [torch.randn(n, k, generator=gen) * k**-0.5 for _ in range(copies)]
+    packed = {}
+    for qtype in QTYPES:
+        if k % quant_format(qtype).block_size == 0:
+            one, _ = random_gguf_weight(qtype, n, k, gen)
+            packed[qtype] = [one.clone() for _ in range(copies)]
+    table: list[list[object]] = []
+    for rows in rows_list:
+        x = torch.randn(rows, k, generator=gen)
+        fns = [lambda x=x: [F.linear(x, w) for w in dense]]
+        fns += [
+            lambda x=x, q=q, ws=ws: [quant_linear(x, w, q, k) for w in ws]
+            for q, ws in packed.items()
+        ]
+        seconds = paired_medians(fns, repeats)
+        base = seconds[0]
+        labels = ["F.linear fp32", *packed]
+        weights = [dense, *packed.values()]
+        for label, ws, sec in zip(labels, weights, seconds, strict=True):
+            nbytes = ws[0].numel() * ws[0].element_size()
+            per = sec / copies
+            table.append(
+                [f"{name} {n}x{k}", rows, label, f"{per * 1e3:.3f}", f"{nbytes / 2**20:.2f}",
+                 f"{nbytes / per / 1e9:.1f}", f"{base / sec:.2f}x"]
+            )  # fmt: skip
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if not quant_linear_available():
+        raise SystemExit("the CPU quantized linear kernel is not available on this machine")
+    print(
+        f"threads: {torch.get_num_threads()}; copy bandwidth (read + write): "
+        f"{copy_bandwidth() / 1e9:.1f} GB/s"
+    )
+    table = [r for shape in SHAPES for r in shape_rows(*shape, args.rows, args.repeats)]
+    headers = ["matrix", "M", "weights", "ms/matrix", "MiB", "GB/s", "vs F.linear"]
+    print_table(headers, table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The classes of property names that an object's `patternProperties` patterns make.
+
+`PatternNames` parses the patterns once, tells which patterns a name matches, and lists the
+classes (the sets of patterns some name matches exactly) without trying all 2**n subsets: a
+set of patterns is a candidate only when every smaller set in it is one and all its patterns
+share a name (patterns that exclude each other, the usual case, give n + 1 classes). Names
+are code point strings here; the caller spells them as JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .nfa import Deadline
+from .regex_algebra import ANY_CHAR, combine
+from .regex_ir import Chars, parse_search_regex, star
+from .regex_terms import NEVER, NEVER_TERM, Terms
+
+MAX_PATTERN_CLASSES = 256  # sets of patternProperties patterns that some name matches exactly
+ANY_NAME = star(Chars(ANY_CHAR))
+
+
+class PatternNames:
+    """The `patternProperties` of one object: `schemas` in order, their patterns parsed once."""
+
+    def __init__(self, patterns: Mapping[str, object], deadline: Deadline):
+        self.deadline = deadline
+        self.schemas = list(patterns.values())
+        self.irs = [parse_search_regex(p) for p in patterns]
+        self._terms = Terms(deadline)
+        self._starts = [self._terms.term(ir) for ir in self.irs]
+        self._meets: dict[frozenset[int], bool] = {}
+
+    def matched(self, name: str) -> tuple[bool, ...]:
+        """Which patterns `name` matches (as `re.search` would, in time linear in the name)."""
+        out = []
+        for t in self._starts:
+            for ch in name:
+                self.deadline.check()
+                t = self._terms.deriv(t, ord(ch))
+                if t == NEVER_TERM:
+                    break
+            out.append(self._terms.nullable(t))
+        return tuple(out)
+
+    def classes(self, where: str) -> list[tuple[bool, ...]]:
+        """Candidate classes (which patterns a name matches), the empty one first; raises
+        past `MAX_PATTERN_CLASSES`."""
+        n = len(self.irs)
+        found: set[frozenset[int]] = {frozenset()}
+        level = [frozenset([i]) for i in range(n)]
+        while level:
+            if len(found) + len(level) > MAX_PATTERN_CLASSES:
+                raise ValueError(
+                    f"{where}: the patternProperties patterns split names into more than "
+                    f"{MAX_PATTERN_CLASSES} classes (MAX_PATTERN_CLASSES)"
+                )
+            found.update(level)
+            grown = set()
+            for group in level:
+                for j in range(max(group) + 1, n):
+                    bigger = group | {j}
+                    if all(bigger - {i} in found for i in bigger) and self._meet(bigger):
+                        grown.add(bigger)
+            level = sorted(grown, key=sorted)
+        ordered = sorted(found, key=lambda g: (len(g), sorted(g)))
+        return [tuple(i in g for i in range(n)) for g in ordered]
+
+    def _meet(self, group: frozenset[int]) -> bool:
+        """Whether some name matches every pattern in `group`."""
+        got = self._meets.get(group)
+        if got is None:
+            irs = [self.irs[i] for i in sorted(group)]
+            got = self._meets[group] = combine(irs, all, self.deadline) is not NEVER
+        return got
+
+    def names(self, chosen: tuple[bool, ...]):
+        """IR (over code points) of the names that match exactly the `chosen` patterns."""
+        if not chosen:
+            return ANY_NAME
+        # A pattern that cannot share a name with every chosen one is never matched here.
+        inside = [i for i, on in enumerate(chosen) if on]
+        keep = [
+            i
+            for i in range(len(chosen))
+            if chosen[i] or not inside or self._meet(frozenset([*inside, i]))
+        ]
+        want = tuple(chosen[i] for i in keep)
+        irs = [self.irs[i] for i in keep]
+        return combine(irs, lambda got: got == want, self.deadline)

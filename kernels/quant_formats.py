@@ -1,0 +1,199 @@
+"""ggml's block-quantized weight formats, kept packed: names, sizes, dequantize and quantize.
+
+A packed weight is a contiguous uint8 tensor [N, row_bytes]: each output row holds its K input
+weights as ggml blocks, byte for byte as a GGUF file stores them, so a GGUF tensor is used as is.
+
+    q8_0  32 weights / 34 B:  d f16 | 32 x int8                       w = d * q
+    q4_0  32 weights / 18 B:  d f16 | 16 B nibbles (lo: 0-15, hi: 16-31)   w = d * (q - 8)
+    q4_1  32 weights / 20 B:  d f16 | m f16 | 16 B nibbles             w = d * q + m
+    q4_k 256 weights / 144 B: d f16 | dmin f16 | 12 B 6-bit scales/mins | 128 B nibbles
+                              8 sub-blocks of 32: w = d * sc * q - dmin * mn
+    q6_k 256 weights / 210 B: 128 B low nibbles | 64 B 2-bit highs | 16 x int8 scales | d f16
+                              16 sub-blocks of 16: w = d * sc * (q - 32)
+
+`dequantize` matches `gguf.quants.dequantize` bit for bit (same float32 operations in the same
+order); `quantize` matches `gguf.quants.quantize` for q8_0, q4_0 and q4_1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    name: str
+    ggml_name: str  # gguf.GGMLQuantizationType member name
+    block_size: int  # weights per block
+    block_bytes: int
+
+
+FORMATS: dict[str, QuantFormat] = {
+    f.name: f
+    for f in (
+        QuantFormat("q8_0", "Q8_0", 32, 34),
+        QuantFormat("q4_0", "Q4_0", 32, 18),
+        QuantFormat("q4_1", "Q4_1", 32, 20),
+        QuantFormat("q4_k", "Q4_K", 256, 144),
+        QuantFormat("q6_k", "Q6_K", 256, 210),
+    )
+}
+QTYPES = tuple(FORMATS)
+# what `quantize` can produce from float weights
+QUANTIZE_QTYPES = ("q8_0", "q4_0", "q4_1")
+
+
+def quant_format(qtype: str) -> QuantFormat:
+    """The format named `qtype`; a ValueError naming the known ones otherwise."""
+    fmt = FORMATS.get(qtype)
+    if fmt is None:
+        raise ValueError(f"unknown quantized weight type {qtype!r}; known: {list(QTYPES)}")
+    return fmt
+
+
+def qtype_of_ggml(ggml_name: str) -> str | None:
+    """Our qtype for a GGML type name ("Q4_1" -> "q4_1"); None for types not kept packed."""
+    return next((f.name for f in FORMATS.values() if f.ggml_name == ggml_name), None)
+
+
+def row_bytes(qtype: str, k: int) -> int:
+    """Bytes of one packed row of `k` weights; `k` must be a whole number of blocks."""
+    fmt = quant_format(qtype)
+    if k <= 0 or k % fmt.block_size:
+        raise ValueError(f"{qtype} rows hold multiples of {fmt.block_size} weights, got K={k}")
+    return k // fmt.block_size * fmt.block_bytes
+
+
+def check_packed(packed: torch.Tensor, qtype: str, k: int) -> None:
+    """A ValueError unless `packed` is a contiguous uint8 [N, row_bytes(qtype, k)] tensor."""
+    expected = row_bytes(qtype, k)
+    if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] != expected:
+        raise ValueError(
+            f"packed {qtype} weight with K={k} must be uint8 [N, {expected}], "
+            f"got {packed.dtype} {list(packed.shape)}"
+        )
+    if not packed.is_contiguous():
+        raise ValueError("packed weight must be contiguous")
+
+
+@dataclass
+class PackedWeight:
+    """A quantized [N, K] weight: `data` uint8 [N, row_bytes] in ggml blocks of `qtype`."""
+
+    data: torch.Tensor
+    qtype: str
+    shape: tuple[int, int]  # (N, K) of the float weight it stands for
+
+    def __post_init__(self) -> None:
+        check_packed(self.data, self.qtype, self.shape[1])
+        if self.data.shape[0] != self.shape[0]:
+            raise ValueError(
+                f"packed weight has {self.data.shape[0]} rows, shape says {self.shape}"
+            )
+
+    def dequantize(self) -> torch.Tensor:
+        return dequantize(self.data, self.qtype, self.shape[1])
+
+
+def _f16(blocks: torch.Tensor, start: int) -> torch.Tensor:
+    """The fp16 at byte `start` of each block, as float32 [B, 1]."""
+    return blocks[:, start : start + 2].contiguous().view(torch.float16).float()
+
+
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """[..., n] bytes -> [..., 2, n]: the low nibbles, then the high nibbles."""
+    return torch.stack((qs & 0x0F, qs >> 4), dim=-2)
+
+
+def _dequantize_blocks(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
+    """[B, block_bytes] uint8 -> [B, block_size] float32."""
+    n = blocks.shape[0]
+    if qtype == "q8_0":
+        return blocks[:, 2:].contiguous().view(torch.int8).float() * _f16(blocks, 0)
+    if qtype == "q4_0":
+        q = _nibbles(blocks[:, 2:]).reshape(n, 32).to(torch.int8) - 8
+        return _f16(blocks, 0) * q.float()
+    if qtype == "q4_1":
+        q = _nibbles(blocks[:, 4:]).reshape(n, 32).float()
+        return _f16(blocks, 0) * q + _f16(blocks, 2)
+    if qtype == "q4_k":
+        a, b, c = blocks[:, 4:16].reshape(n, 3, 4).unbind(1)
+        scale = torch.cat((a & 0x3F, (c & 0x0F) | ((a >> 2) & 0x30)), dim=1).float()
+        low = torch.cat((b & 0x3F, (c >> 4) | ((b >> 2) & 0x30)), dim=1).float()
+        d = (_f16(blocks, 0) * scale).unsqueeze(-1)
+        dmin = (_f16(blocks, 2) * low).unsqueeze(-1)
+        # 4 chunks of 32 bytes; a chunk's low nibbles are sub-block 2j, its high ones 2j+1
+        q = _nibbles(blocks[:, 16:].reshape(n, 4, 32)).reshape(n, 8, 32).float()
+        return (d * q - dmin).reshape(n, 256)
+    if qtype == "q6_k":
+        # two halves of 128 weights; in each, ql's 64 bytes give weights 0-63 (low nibbles)
+        # and 64-127 (high nibbles), qh's 32 bytes give bits 4-5 of weights 32*s + i at 2*s
+        ql = _nibbles(blocks[:, :128].reshape(n, 2, 64)).reshape(n, 2, 4, 32)
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=blocks.device)
+        qh = (blocks[:, 128:192].reshape(n, 2, 1, 32) >> shifts.view(1, 1, 4, 1)) & 0x03
+        q = (ql | (qh << 4)).to(torch.int8) - 32
+        scales = blocks[:, 192:208].contiguous().view(torch.int8).float()
+        d = (_f16(blocks, 208) * scales).unsqueeze(-1)
+        return (d * q.reshape(n, 16, 16).float()).reshape(n, 256)
+    raise ValueError(f"unknown quantized weight type {qtype!r}; known: {list(QTYPES)}")
+
+
+def dequantize(packed: torch.Tensor, qtype: str, k: int) -> torch.Tensor:
+    """Packed uint8 [N, row_bytes] of `qtype` -> float32 [N, K]."""
+    check_packed(packed, qtype, k)
+    fmt = quant_format(qtype)
+    blocks = packed.reshape(-1, fmt.block_bytes)
+    return _dequantize_blocks(blocks, qtype).reshape(packed.shape[0], k)
+
+
+def _round_half_away(x: torch.Tensor) -> torch.Tensor:
+    """C's roundf (ties away from zero), as ggml rounds; torch.round rounds ties to even."""
+    a = x.abs()
+    whole = a.floor()
+    return torch.sign(x) * (whole + torch.floor(2 * (a - whole)))
+
+
+def _reciprocal(d: torch.Tensor) -> torch.Tensor:
+    return torch.where(d == 0, torch.zeros_like(d), 1 / d)
+
+
+def _f16_bytes(x: torch.Tensor) -> torch.Tensor:
+    """float32 [B, 1] -> its fp16 bytes [B, 2]."""
+    return x.to(torch.float16).view(torch.uint8)
+
+
+def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """[B, 32] values 0-15 -> [B, 16] bytes: weight i in the low nibble, i + 16 in the high."""
+    return q[:, :16] | (q[:, 16:] << 4)
+
+
+def quantize(weight: torch.Tensor, qtype: str) -> torch.Tensor:
+    """Float [N, K] -> packed uint8 [N, row_bytes] of `qtype` (q8_0, q4_0 or q4_1), with
+    ggml's rounding (round-to-nearest per block, no search for better scales)."""
+    if qtype not in QUANTIZE_QTYPES:
+        raise ValueError(f"cannot quantize to {qtype!r}; supported: {list(QUANTIZE_QTYPES)}")
+    if weight.dim() != 2 or not weight.is_floating_point():
+        raise ValueError(
+            f"quantize takes a float [N, K] weight, got {weight.dtype} {weight.dim()}-D"
+        )
+    n, k = weight.shape
+    row_bytes(qtype, k)  # checks K
+    x = weight.detach().float().reshape(-1, 32)
+    if qtype == "q8_0":
+        d = x.abs().amax(dim=1, keepdim=True) / 127
+        q = _round_half_away(x * _reciprocal(d)).to(torch.int8).view(torch.uint8)
+        blocks = torch.cat((_f16_bytes(d), q), dim=1)
+    elif qtype == "q4_0":
+        # the signed value of largest magnitude maps to -8, so all 16 levels can be used
+        extreme = x.gather(1, x.abs().argmax(dim=1, keepdim=True))
+        d = extreme / -8
+        q = torch.trunc(x * _reciprocal(d) + 8.5).clamp(0, 15).to(torch.uint8)
+        blocks = torch.cat((_f16_bytes(d), _pack_nibbles(q)), dim=1)
+    else:
+        low = x.amin(dim=1, keepdim=True)
+        d = (x.amax(dim=1, keepdim=True) - low) / 15
+        q = torch.trunc((x - low) * _reciprocal(d) + 0.5).clamp(0, 15).to(torch.uint8)
+        blocks = torch.cat((_f16_bytes(d), _f16_bytes(low), _pack_nibbles(q)), dim=1)
+    return blocks.reshape(n, -1).contiguous()

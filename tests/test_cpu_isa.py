@@ -1,0 +1,166 @@
+"""The CPU kernels' ISA: chosen from the CPU's features, forced by RADIXFLOW_CPU_ISA, named in
+the log; every ISA this machine runs passes the kernel tests; `dtype=auto` from the bf16 table."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import make_tiny_model_dir
+
+import radixflow as rf
+from radixflow.kernels import cpu_build
+from radixflow.kernels.cpu_build import choose_isa, fast_bf16
+from radixflow.runtime import model_runner
+from radixflow.runtime.layers.target import OpsTarget
+
+# /proc/cpuinfo flags (the parts that matter) of the CPUs users run.
+ZEN3 = {"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"}
+XEON_AVX512_BF16 = ZEN3 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}
+SAPPHIRE_RAPIDS = XEON_AVX512_BF16 | {"avx512_vnni", "amx_tile", "amx_bf16", "amx_int8"}
+SKYLAKE_X = ZEN3 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
+GRAVITON2 = {"fp", "asimd", "crc32", "atomics", "asimddp"}
+GRAVITON3 = GRAVITON2 | {"sve", "bf16", "i8mm"}
+OLD_X86 = {"sse4_2", "avx"}
+
+
+def test_best_isa_per_cpu():
+    assert choose_isa("x86_64", ZEN3, None).isa.name == "avx2"
+    assert choose_isa("x86_64", SKYLAKE_X, None).isa.name == "avx512"
+    assert choose_isa("aarch64", GRAVITON2, None).isa.name == "neon"
+    assert choose_isa("aarch64", set(), "auto").isa.name == "neon"  # macOS: no /proc/cpuinfo
+    off = choose_isa("x86_64", OLD_X86, None)
+    assert off.isa is None and "avx2" in off.reason and "runs none" in off.reason
+
+
+def test_flags_are_explicit_per_isa_with_extensions_where_the_cpu_has_them():
+    avx2 = choose_isa("x86_64", SAPPHIRE_RAPIDS, "avx2")
+    assert (
+        avx2.flags == ("-mavx2", "-mfma", "-mf16c") and avx2.reason == "forced by RADIXFLOW_CPU_ISA"
+    )
+    assert "-mavx512bf16" in choose_isa("x86_64", XEON_AVX512_BF16, None).flags
+    assert "-mavx512bf16" not in choose_isa("x86_64", SKYLAKE_X, None).flags
+    assert "-mavx512vnni" in choose_isa("x86_64", SAPPHIRE_RAPIDS, None).flags
+    assert not any("march" in flag for flag in choose_isa("x86_64", SAPPHIRE_RAPIDS, None).flags)
+    assert choose_isa("aarch64", GRAVITON3, None).flags == ()
+
+
+def test_forced_isa_the_cpu_cannot_run_falls_back_with_the_reason():
+    choice = choose_isa("x86_64", ZEN3, "avx512")
+    assert choice.isa.name == "avx2" and choice.fell_back
+    assert "lacks avx512bw, avx512dq, avx512f, avx512vl" in choice.reason
+    assert "using avx2" in choice.reason
+    neon_on_x86 = choose_isa("x86_64", ZEN3, "neon")
+    assert neon_on_x86.isa.name == "avx2" and "lacks aarch64" in neon_on_x86.reason
+    nothing = choose_isa("x86_64", OLD_X86, "avx2")
+    assert nothing.isa is None and "lacks avx2, f16c, fma" in nothing.reason
+
+
+def test_none_turns_the_kernels_off_and_an_unknown_name_is_an_error():
+    assert choose_isa("x86_64", SAPPHIRE_RAPIDS, "none").isa is None
+    with pytest.raises(
+        ValueError, match="RADIXFLOW_CPU_ISA='sse9' is not one of auto, none, avx512"
+    ):
+        choose_isa("x86_64", SAPPHIRE_RAPIDS, "sse9")
+
+
+def test_a_cpu_without_avx512_gets_the_avx2_library(monkeypatch):
+    monkeypatch.setattr(cpu_build, "cpu_arch", lambda: "x86_64")
+    monkeypatch.setattr(cpu_build, "cpu_flags", lambda: set(ZEN3))
+    monkeypatch.delenv("RADIXFLOW_CPU_ISA", raising=False)
+    choice = cpu_build.current_choice()
+    assert choice.isa.name == "avx2"
+    assert cpu_build.build_folder(Path("/x"), choice).name.startswith("kernels-avx2-")
+
+
+def test_each_isa_builds_into_its_own_folder():
+    folders = {
+        cpu_build.build_folder(Path("/x"), choose_isa("x86_64", SAPPHIRE_RAPIDS, name))
+        for name in ("avx512", "avx2")
+    }
+    assert len(folders) == 2
+
+
+def test_describe_names_the_isa_or_why_the_kernels_are_off():
+    assert cpu_build.Loaded("avx512", ("-mavx512f", "-mavx512bf16"), "").describe() == "avx512+bf16"
+    assert cpu_build.Loaded("avx2", ("-mavx2",), "").describe() == "avx2"
+    assert cpu_build.Loaded(None, (), "RADIXFLOW_CPU_ISA=none").describe() == (
+        "off (RADIXFLOW_CPU_ISA=none)"
+    )
+
+
+@pytest.mark.skipif(not cpu_build.cpu_kernels_available(), reason="no CPU kernels here")
+def test_the_ops_log_line_names_the_loaded_isa():
+    described = OpsTarget(torch.device("cpu"), torch.float32).describe()
+    assert described == f"cpu float32, CPU kernels {cpu_build.loaded().describe()}"
+    assert (
+        "off (they take float32 and bfloat16)"
+        in OpsTarget(torch.device("cpu"), torch.float16).describe()
+    )
+
+
+@pytest.mark.skipif(not cpu_build.cpu_kernels_available(), reason="no CPU kernels here")
+def test_the_engine_startup_log_names_the_isa(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="radixflow")
+    with rf.Engine(str(make_tiny_model_dir(tmp_path)), dtype="float32", max_total_tokens=64):
+        pass
+    lines = [record.getMessage() for record in caplog.records]
+    isa = f"CPU kernels {cpu_build.loaded().describe()}"
+    summary = next(line for line in lines if line.startswith("model "))
+    assert "rms_norm=cpu rotary=cpu" in summary and isa in summary
+    assert any(line.startswith("ops for cpu float32, ") and isa in line for line in lines)
+
+
+def test_fast_bf16_table():
+    assert fast_bf16("x86_64", XEON_AVX512_BF16) and fast_bf16("x86_64", SAPPHIRE_RAPIDS)
+    assert not fast_bf16("x86_64", ZEN3) and not fast_bf16("x86_64", SKYLAKE_X)
+    assert fast_bf16("aarch64", GRAVITON3) and not fast_bf16("aarch64", GRAVITON2)
+
+
+@pytest.mark.parametrize("flags,dtype", [(ZEN3, torch.float32), (SAPPHIRE_RAPIDS, torch.bfloat16)])
+def test_dtype_auto_on_the_cpu_follows_the_table(monkeypatch, flags, dtype):
+    monkeypatch.setattr(cpu_build, "cpu_arch", lambda: "x86_64")
+    monkeypatch.setattr(cpu_build, "cpu_flags", lambda: set(flags))
+    assert model_runner.resolve_dtype("auto", torch.device("cpu")) == dtype
+    assert model_runner.resolve_dtype("float32", torch.device("cpu")) == torch.float32
+    # packed weights: the quantized kernels sum in float32 whatever the activations
+    assert model_runner.resolve_dtype("auto", torch.device("cpu"), True) == torch.float32
+
+
+KERNEL_TESTS = [
+    "tests/test_kernels_cpu_attention.py",
+    "tests/test_kernels_cpu_elementwise.py",
+    "tests/test_kernels_cpu_linear.py",
+    "tests/test_kernels_quant.py",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isa", cpu_build.runnable_isas()[1:] or [None])
+def test_kernel_tests_pass_on_every_lower_isa_this_cpu_runs(isa):
+    """The best ISA runs the kernel tests in this process; each lower one (the library built
+    with that ISA's flags only) runs them again in a child process."""
+    if isa is None:
+        pytest.skip("this CPU runs one kernel ISA only")
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "RADIXFLOW_CPU_ISA": isa}
+    check = "from radixflow.kernels import cpu_build; print(cpu_build.loaded().isa)"
+    loaded = subprocess.run(
+        [sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert loaded.stdout.strip() == isa, loaded.stderr[-2000:]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *KERNEL_TESTS],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert " passed" in done.stdout and " skipped" not in done.stdout.splitlines()[-1]

@@ -1,0 +1,102 @@
+"""The compiled CPU quantized linear (GGUF blocks kept packed) against gguf's own dequantize
+followed by F.linear, for every qtype, the decode (M <= 8) and prefill (M > 8) paths."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from radixflow.kernels.cpu_build import current_choice
+from radixflow.kernels.quant_linear import MAX_ROWS, QTYPES, quant_linear
+from radixflow.kernels.reference import quant_linear_ref
+from radixflow.kernels.testing import random_gguf_weight, relative_error
+
+pytestmark = pytest.mark.skipif(
+    current_choice().isa is None, reason="this CPU runs none of the kernels' ISAs"
+)
+# fp32: the weights are exact, only the order of fp32 sums differs; bf16: one rounding of the
+# output (2^-8 relative) on top.
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+DTYPES = list(TOLERANCE)
+BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q4_k": 256, "q6_k": 256}
+ROWS = [1, 3, MAX_ROWS, MAX_ROWS + 1, 64]
+
+
+@functools.cache
+def weight(qtype: str, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return random_gguf_weight(qtype, n, k, torch.Generator().manual_seed(n * 31 + k))
+
+
+def check(qtype: str, rows: int, n: int, k: int, dtype: torch.dtype, with_bias: bool) -> None:
+    packed, w = weight(qtype, n, k)
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, k, generator=gen).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype) if with_bias else None
+    got = quant_linear(x, packed, qtype, k, bias)
+    assert got.shape == (rows, n) and got.dtype == dtype
+    exact = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+    err = relative_error(got, exact)
+    assert err < TOLERANCE[dtype], f"{qtype} M={rows} {dtype}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_matches_gguf_dequantize_then_linear(qtype, with_bias, dtype):
+    k = 3 * BLOCK[qtype]
+    for rows in ROWS:
+        check(qtype, rows, 37, k, dtype, with_bias)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_every_decode_row_count_on_a_model_shape(qtype):
+    # the default model's down projection: K = 1536 (6 blocks of 256), an odd N
+    for rows in range(1, MAX_ROWS + 1):
+        check(qtype, rows, 193, 1536, torch.float32, with_bias=False)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_prefill_spans_several_weight_tiles(qtype):
+    # 1 MiB fp32 tiles of K = 2048 hold 128 rows: 300 rows take three, the last one ragged
+    check(qtype, 17, 300, 2048, torch.float32, with_bias=True)
+
+
+@pytest.mark.parametrize("rows", [2, 12])
+def test_agrees_with_the_torch_reference_and_fills_out(rows):
+    packed, _ = weight("q4_1", 40, 64)
+    x = torch.randn(rows, 64)
+    wide = torch.full((rows, 50), float("nan"))
+    out = wide[:, 5:45]  # rows strided by 50
+    got = quant_linear(x, packed, "q4_1", 64, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    assert wide[:, :5].isnan().all() and wide[:, 45:].isnan().all()
+    assert relative_error(out, quant_linear_ref(x, packed, "q4_1", 64)) < 1e-5
+
+
+BAD_CALLS = [
+    (dict(qtype="q5_0"), "unknown quantized weight type 'q5_0'"),
+    (dict(k=48), "multiples of 32 weights, got K=48"),
+    (dict(packed=torch.zeros(4, 36, dtype=torch.uint8)), r"uint8 \[N, 40\]"),
+    (dict(packed=torch.zeros(4, 40, dtype=torch.int8)), r"uint8 \[N, 40\]"),
+    (dict(x=torch.zeros(2, 32)), r"x must be \[M, 64\]"),
+    (dict(x=torch.zeros(2, 64, dtype=torch.float16)), "x must be one of"),
+    (dict(bias=torch.zeros(5)), r"bias must be \[4\] torch.float32"),
+    (dict(bias=torch.zeros(4, dtype=torch.bfloat16)), r"bias must be \[4\] torch.float32"),
+    (dict(out=torch.zeros(2, 5)), r"out must be a torch.float32 tensor of shape \(2, 4\) on cpu"),
+]
+
+
+def test_no_rows_give_an_empty_result():
+    # a step where no request needs logits runs lm_head on zero rows
+    out = quant_linear(torch.zeros(0, 64), weight("q4_1", 4, 64)[0], "q4_1", 64)
+    assert out.shape == (0, 4)
+
+
+@pytest.mark.parametrize("change,message", BAD_CALLS)
+def test_bad_arguments_raise_value_errors_naming_them(change, message):
+    args = dict(x=torch.zeros(2, 64), packed=weight("q4_1", 4, 64)[0], qtype="q4_1", k=64)
+    with pytest.raises(ValueError, match=message):
+        quant_linear(**{**args, **change})
