@@ -9,21 +9,12 @@ import re
 
 import pytest
 import regex
+from automaton_walk import walk
 from tiny_models import tiny_tokenizer
 
 from radixflow.grammars import GrammarCompiler
 from radixflow.grammars.automaton import RegexAutomaton
 from radixflow.grammars.regex_ir import Alt, Chars, Seq, literal, parse_regex
-
-
-def walk(auto: RegexAutomaton, text: str) -> int:
-    """State after `text`'s bytes, -1 once dead."""
-    state = auto.initial
-    for b in text.encode():
-        state = int(auto.row(state)[b])
-        if state < 0:
-            break
-    return state
 
 
 def check_against_re(pattern: str, words: list[str]) -> None:

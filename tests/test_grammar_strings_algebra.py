@@ -9,6 +9,7 @@ import random
 import re
 
 import pytest
+from automaton_walk import walk
 from tiny_models import tiny_tokenizer
 
 from radixflow.grammars import GrammarCompiler
@@ -16,15 +17,6 @@ from radixflow.grammars.automaton import RegexAutomaton
 from radixflow.grammars.regex_algebra import combine, exclude_words, restrict_length
 from radixflow.grammars.regex_ir import parse_search_regex
 from radixflow.grammars.regex_terms import NEVER
-
-
-def walk(auto: RegexAutomaton, text: str) -> int:
-    state = auto.initial
-    for b in text.encode():
-        state = int(auto.row(state)[b])
-        if state < 0:
-            break
-    return state
 
 
 def accepts(auto: RegexAutomaton, text: str) -> bool:
