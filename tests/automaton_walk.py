@@ -13,3 +13,9 @@ def walk(auto: ByteAutomaton, text: str) -> int:
         if state < 0:
             break
     return state
+
+
+def accepts(auto: ByteAutomaton, text: str) -> bool:
+    """Does the automaton accept exactly `text`?"""
+    state = walk(auto, text)
+    return state >= 0 and auto.is_accepting(state)

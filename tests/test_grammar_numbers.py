@@ -8,6 +8,7 @@ from fractions import Fraction
 
 import jsonschema
 import pytest
+from automaton_walk import accepts as automaton_accepts
 from tiny_models import tiny_tokenizer
 
 from radixflow.grammars import GrammarCompiler
@@ -21,15 +22,6 @@ from radixflow.grammars.json_schema_numbers import (
 )
 
 JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?")  # no exponent: bounded form
-
-
-def automaton_accepts(auto: RegexAutomaton, text: str) -> bool:
-    state = auto.initial
-    for b in text.encode():
-        state = int(auto.row(state)[b])
-        if state < 0:
-            return False
-    return auto.is_accepting(state)
 
 
 def random_texts(rng: random.Random, digits: int, count: int) -> list[str]:

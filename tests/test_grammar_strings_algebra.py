@@ -9,7 +9,7 @@ import random
 import re
 
 import pytest
-from automaton_walk import walk
+from automaton_walk import accepts, walk
 from tiny_models import tiny_tokenizer
 
 from radixflow.grammars import GrammarCompiler
@@ -17,11 +17,6 @@ from radixflow.grammars.automaton import RegexAutomaton
 from radixflow.grammars.regex_algebra import combine, exclude_words, restrict_length
 from radixflow.grammars.regex_ir import parse_search_regex
 from radixflow.grammars.regex_terms import NEVER
-
-
-def accepts(auto: RegexAutomaton, text: str) -> bool:
-    state = walk(auto, text)
-    return state >= 0 and auto.is_accepting(state)
 
 
 def words_near(rng: random.Random, alphabet: str, lengths: list[int]) -> list[str]:
