@@ -27,18 +27,20 @@ from radixflow.kernels.bitmask import apply_token_bitmask
 from radixflow.kernels.decode_attention import decode_attention
 from radixflow.kernels.extend_attention import extend_attention
 from radixflow.kernels.norm import fused_add_rms_norm, rms_norm
+from radixflow.kernels.quant_triton import quant_linear_triton
 from radixflow.kernels.reference import (
     apply_token_bitmask_ref,
     decode_attention_ref,
     extend_attention_ref,
     fused_add_rms_norm_ref,
+    quant_linear_ref,
     rms_norm_ref,
     rotary_embedding_ref,
     store_kv_ref,
 )
 from radixflow.kernels.rotary import rotary_embedding
 from radixflow.kernels.store_kv import store_kv
-from radixflow.kernels.testing import random_paged_table
+from radixflow.kernels.testing import random_gguf_weight, random_paged_table
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE_SIZE = 32, 8, 128, 16
 SCALE, EPS = HEAD_DIM**-0.5, 1e-5
@@ -256,6 +258,22 @@ def bitmask_row(batch: int, vocab: int, dtype: torch.dtype, m: Machine) -> Row:
     )  # fmt: skip
 
 
+def quant_row(tokens: int, qtype: str, dtype: torch.dtype, m: Machine) -> Row:
+    """The W8A16/W4A16 matmul on a Llama-3-8B MLP down projection's shape against the dense
+    matmul of the dequantized weight (what `--quantization none` runs); GB/s of packed weight
+    read, the bound at small batches."""
+    n, k = 4096, 14336
+    packed, w = random_gguf_weight(qtype, n, k, torch.Generator().manual_seed(k))
+    packed, w = packed.to(m.device), w.to(device=m.device, dtype=dtype)
+    x = torch.randn(tokens, k, dtype=dtype, device=m.device)
+    err = rel_error(quant_linear_triton(x, packed, qtype, k), quant_linear_ref(x, packed, qtype, k))
+    return memory_row(
+        "quant_linear", f"{qtype} M={tokens} {n}x{k}", dtype, err,
+        lambda: quant_linear_triton(x, packed, qtype, k), lambda: torch.mm(x, w.t()),
+        "dense matmul, dequantized", packed.numel(), m,
+    )  # fmt: skip
+
+
 def all_rows(dtype: torch.dtype, m: Machine) -> list[Row]:
     rows = [decode_case(b, ctx, dtype, m) for b, ctx in [(1, 4096), (64, 1024), (64, 4096)]]
     torch.cuda.empty_cache()
@@ -267,6 +285,7 @@ def all_rows(dtype: torch.dtype, m: Machine) -> list[Row]:
     rows.append(rotary_row(8192, dtype, m))
     rows.append(store_kv_row(8192, dtype, m))
     rows.append(bitmask_row(64, 128256, dtype, m))
+    rows.extend(quant_row(t, q, dtype, m) for q in ("q8_0", "q4_0", "q4_1") for t in (1, 16, 256))
     return rows
 
 

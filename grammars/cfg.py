@@ -366,22 +366,27 @@ class GrammarAutomaton:
         return got
 
     def _compute_row(self, state: int) -> np.ndarray:
+        # Each element's lexer row as codes into `succ_sets` (-1: dead), then the bytes
+        # grouped by their column of codes: one interned state per distinct column.
         codes, succ_sets = [], []
         for node, lex, _ in self.sets[state]:
             if lex < 0:
                 continue
-            row = self.lexer.row(lex)
-            code = np.full(256, -1, dtype=np.int64)
-            for v in np.unique(row[row >= 0]).tolist():
-                code[row == v] = len(succ_sets)
-                succ_sets.append(self._successors(node, v))
-            codes.append(code)
+            values, inverse = np.unique(self.lexer.row(lex), return_inverse=True)
+            ids = []
+            for v in values.tolist():
+                ids.append(-1 if v < 0 else len(succ_sets))
+                if v >= 0:
+                    succ_sets.append(self._successors(node, v))
+            codes.append(np.asarray(ids).take(inverse.reshape(-1)))
         out = np.full(256, -1, dtype=np.int32)
         if codes:
-            cols, inverse = np.unique(np.stack(codes), axis=1, return_inverse=True)
-            for k in range(cols.shape[1]):
-                elems = frozenset().union(*(succ_sets[c] for c in cols[:, k].tolist() if c >= 0))
-                out[inverse.reshape(-1) == k] = self._intern(elems)
+            groups: dict[tuple[int, ...], list[int]] = {}
+            for byte, column in enumerate(np.stack(codes, axis=1).tolist()):
+                groups.setdefault(tuple(column), []).append(byte)
+            for column, where in groups.items():
+                elems = frozenset().union(*(succ_sets[c] for c in column if c >= 0))
+                out[where] = self._intern(elems)
         return out
 
     def row(self, state: int) -> np.ndarray:

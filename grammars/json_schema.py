@@ -39,6 +39,8 @@ Generated form (what a model is made to write):
   trigger properties (at most 64 cases);
 - `not` is supported for a type, const/enum of scalars, `required` names and a `pattern`;
   other forms raise;
+- `pattern` and `patternProperties` are read as `re.search` reads them, except that `\\d` and
+  `\\w` are ECMA-262's ASCII classes (JSON Schema's patterns are ECMA-262 regexes);
 - `pattern`/`format` with `minLength`/`maxLength` intersect exactly (`regex_algebra`); the
   formats in `json_schema_strings.FORMATS` are enforced, other formats are annotations (as
   JSON Schema 2019-09 on makes every format) and allow any string;
@@ -60,6 +62,8 @@ specification and are ignored.
 
 from __future__ import annotations
 
+import functools
+
 from .budget import GrammarLimits
 from .disjoint import check_disjoint
 from .json_schema_disjoint import DisjointProver, json_common
@@ -74,6 +78,7 @@ from .json_schema_resolve import HANDLED, TYPES, UNSUPPORTED, SchemaResolver
 from .json_schema_strings import FORMATS, JSON_CHAR, compact_json, spellings, string_ir
 from .nfa import CompileTimeout, Deadline
 from .regex_algebra import combine
+from .regex_facts import remember
 from .regex_ir import EMPTY, Alt, Ref, alt, literal, opt, parse_regex, seq, star
 from .regex_terms import NEVER
 
@@ -90,35 +95,14 @@ class SchemaConverter(ContainerConverter):
         # Schemas (by key) under conversion -> their rule's name, and the names used inside.
         self._pending: dict[int, str] = {}
         self._recursive: set[str] = set()
-        self._any = self._free_values(free_depth)
+        self._any = free_values(whitespace_pattern, free_depth)
 
     # ---- helpers -------------------------------------------------------------------------
     def _tok(self, text: str):
         return seq(self.ws, literal(text), self.ws)
 
-    def _free_values(self, depth: int) -> list:
-        """Free values nesting at most 0, 1, ..., `depth` arrays/objects.
-
-        Each level is built from the one below and shares every other node with it, so the
-        IR stays small and linear in the depth."""
-        string = seq(literal('"'), star(JSON_CHAR), literal('"'))
-        comma, colon = self._tok(","), self._tok(":")
-        open_array, open_object = seq(literal("["), self.ws), seq(literal("{"), self.ws)
-        close_array, close_object = literal("]"), literal("}")
-        scalar = alt(string, NUMBER, literal("true"), literal("false"), literal("null"))
-        levels = [scalar]
-        for _ in range(depth):
-            inner = levels[-1]
-            items = seq(inner, star(seq(comma, inner)))
-            pair = seq(string, colon, inner)
-            pairs = seq(pair, star(seq(comma, pair)))
-            array = seq(open_array, opt(seq(items, self.ws)), close_array)
-            obj = seq(open_object, opt(seq(pairs, self.ws)), close_object)
-            levels.append(alt(scalar, array, obj))
-        return levels
-
     def any_value(self):
-        return self._any[-1]
+        return self._any
 
     # ---- main dispatch -------------------------------------------------------------------
     def convert(self, schema, where: str = "#"):
@@ -357,6 +341,32 @@ class SchemaConverter(ContainerConverter):
                 if _matches(automaton, t.encode("utf-8"), self.deadline)
             }
         return list(by_text.values())
+
+
+@functools.lru_cache(maxsize=8)
+def free_values(whitespace_pattern: str | None, depth: int):
+    """IR of any JSON value nesting at most `depth` arrays/objects.
+
+    Each level is built from the one below and shares every other node with it, so the IR
+    stays small and linear in the depth. Built once per process for each (whitespace, depth),
+    with its facts kept for every NFA (`regex_facts.remember`): most schemas hold it
+    somewhere, and neither it nor its facts are then built again per compile."""
+    ws = EMPTY if whitespace_pattern is None else parse_regex(whitespace_pattern)
+    string = seq(literal('"'), star(JSON_CHAR), literal('"'))
+    comma, colon = (seq(ws, literal(t), ws) for t in ",:")
+    open_array, open_object = seq(literal("["), ws), seq(literal("{"), ws)
+    close_array, close_object = literal("]"), literal("}")
+    scalar = alt(string, NUMBER, literal("true"), literal("false"), literal("null"))
+    level = scalar
+    for _ in range(depth):
+        items = seq(level, star(seq(comma, level)))
+        pair = seq(string, colon, level)
+        pairs = seq(pair, star(seq(comma, pair)))
+        array = seq(open_array, opt(seq(items, ws)), close_array)
+        obj = seq(open_object, opt(seq(pairs, ws)), close_object)
+        level = alt(scalar, array, obj)
+    remember(level)
+    return level
 
 
 def _matches(automaton, data: bytes, deadline: Deadline) -> bool:

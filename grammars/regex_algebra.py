@@ -15,6 +15,7 @@ in the text, where Python's backtracking `re` can take exponential time on a req
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 
 from .budget import GrammarLimits
@@ -70,11 +71,130 @@ def restrict_length(ir, lo: int, hi: int | None, deadline: Deadline | None = Non
 
 
 def exclude_words(ir, words: Sequence[str], deadline: Deadline | None = None):
-    """IR for the words of `ir` other than `words`."""
+    """IR for the words of `ir` other than `words`.
+
+    When `ir` is any string or an unbounded explicit DFA (an object's names, those of its
+    `patternProperties`), the result is that DFA walked beside a trie of `words`: one state
+    per trie node and per DFA state, built in time linear in both. Other IR goes through the
+    generic product of derivatives (`combine`).
+    """
     if not words:
         return ir
-    banned = Alt(tuple(literal(w) for w in dict.fromkeys(words)))
-    return combine([ir, banned], lambda got: got[0] and not got[1], deadline)
+    table = _as_table(ir)
+    if table is None:
+        banned = Alt(tuple(literal(w) for w in dict.fromkeys(words)))
+        return combine([ir, banned], lambda got: got[0] and not got[1], deadline)
+    deadline = deadline or Deadline(None)
+    kids, ends = _trie(words, deadline)
+    if table[0] is _ANY_TABLE:
+        return Dfa(_all_but(kids, ends), 0)
+    out = _without_trie(table[0], table[1], kids, ends, deadline)
+    return NEVER if out is None else Dfa(out, 0)
+
+
+_ANY_TABLE = DfaTable([((ANY_CHAR, 0),)], [True])
+
+
+def _as_table(ir) -> tuple[DfaTable, int] | None:
+    """(table, start) of `ir` when it is any string or a `Dfa` without bounds or spelling."""
+    if isinstance(ir, Dfa) and ir.lo == 0 and ir.hi is None and ir.spell is None:
+        return ir.table, ir.start
+    if (
+        isinstance(ir, Repeat)
+        and (ir.lo, ir.hi) == (0, None)
+        and isinstance(ir.item, Chars)
+        and ir.item.ranges == ANY_CHAR
+    ):
+        return _ANY_TABLE, 0
+    return None
+
+
+def _trie(words: Sequence[str], deadline: Deadline) -> tuple[list[dict[int, int]], list[bool]]:
+    """The trie of `words`: per node (0 the root) {code point: child} and whether a word ends
+    there."""
+    kids: list[dict[int, int]] = [{}]
+    ends = [False]
+    for i, word in enumerate(words):
+        if i % 256 == 0:
+            deadline.check()
+        node = 0
+        for ch in word:
+            nxt = kids[node].get(ord(ch))
+            if nxt is None:
+                nxt = kids[node][ord(ch)] = len(kids)
+                kids.append({})
+                ends.append(False)
+            node = nxt
+        ends[node] = True
+    return kids, ends
+
+
+def _all_but(kids: list[dict[int, int]], ends: list[bool]) -> DfaTable:
+    """Every string but the trie's words: the trie's nodes, then one state past the trie
+    (every node has a code point that leaves the trie, so each can reach acceptance)."""
+    past = len(kids)
+    moves = []
+    for children in kids:
+        points = sorted(children)
+        row = [(((cp, cp),), children[cp]) for cp in points]
+        row.append((_punch(ANY_CHAR, points), past))
+        moves.append(tuple(row))
+    moves.append(((ANY_CHAR, past),))
+    return DfaTable(moves, [not end for end in ends] + [True])
+
+
+def _without_trie(
+    table: DfaTable,
+    start: int,
+    kids: list[dict[int, int]],
+    ends: list[bool],
+    deadline: Deadline,
+) -> DfaTable | None:
+    """`table`'s words from `start` other than the trie's (None when none is left): the
+    product of the table with the trie, whose states past the trie (-1) are the table's."""
+    firsts = {}  # table state -> the low code points of its moves, for bisect
+    index = {(start, 0): 0}
+    states = [(start, 0)]
+    moves: list[list[tuple[Ranges, int]]] = []
+    accepting: list[bool] = []
+
+    def target(key: tuple[int, int]) -> int:
+        j = index.get(key)
+        if j is None:
+            if len(states) >= MAX_STATES:
+                raise ValueError(
+                    f"excluding {sum(ends)} names needs more than {MAX_STATES} states "
+                    "(the default of grammar_max_states)"
+                )
+            j = index[key] = len(states)
+            states.append(key)
+        return j
+
+    while len(moves) < len(states):
+        if len(moves) % 256 == 0:
+            deadline.check()
+        t, node = states[len(moves)]
+        accepting.append(table.accepting[t] and not (node >= 0 and ends[node]))
+        row = table.moves[t]
+        hits: dict[int, list[int]] = {}  # move index -> the trie's code points inside it
+        out: list[tuple[Ranges, int]] = []
+        if node >= 0 and kids[node]:
+            starts = firsts.get(t)
+            if starts is None:
+                starts = firsts[t] = [[lo for lo, _hi in ranges] for ranges, _t in row]
+            for cp, child in sorted(kids[node].items()):
+                for m, (ranges, t2) in enumerate(row):
+                    i = bisect_right(starts[m], cp) - 1
+                    if i >= 0 and ranges[i][1] >= cp:
+                        hits.setdefault(m, []).append(cp)
+                        out.append((((cp, cp),), target((t2, child))))
+                        break
+        for m, (ranges, t2) in enumerate(row):
+            rest = _punch(ranges, hits[m]) if m in hits else ranges
+            if rest:
+                out.append((rest, target((t2, -1))))
+        moves.append(out)
+    return _trim(moves, accepting)
 
 
 def combine(
@@ -122,6 +242,20 @@ def explore(
             by_target[j] = by_target.get(j, ()) + block
         moves.append([(normalize(ranges), j) for j, ranges in by_target.items()])
     return _trim(moves, accepting)
+
+
+def _punch(ranges: Ranges, points: list[int]) -> Ranges:
+    """`ranges` less the code points `points` (sorted, each inside `ranges`)."""
+    out, i = [], 0
+    for lo, hi in ranges:
+        while i < len(points) and points[i] <= hi:
+            if points[i] > lo:
+                out.append((lo, points[i] - 1))
+            lo = points[i] + 1
+            i += 1
+        if lo <= hi:
+            out.append((lo, hi))
+    return tuple(out)
 
 
 def _trim(moves: list[list[tuple[Ranges, int]]], accepting: list[bool]) -> DfaTable | None:

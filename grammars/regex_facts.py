@@ -3,7 +3,8 @@
 `dead(node)`: the node matches nothing (so the NFA leaves it out, and every NFA state can
 reach acceptance); `nullable(node)`: it matches the empty word. Both come from one iterative
 pass over the part of the DAG not seen before (no recursion, however deep the IR), memoized
-by node identity (the memo keeps the nodes alive, so ids stay unique).
+by node identity (the memo keeps the nodes alive, so ids stay unique). IR that many grammars
+share for the whole process has its facts computed once (`remember`).
 
 `counted(repeat)` is the repeat as a counter: (body, lo, hi) with a body that cannot match
 the empty word, so that a count moves only when text is read. `x{m,n}` with a nullable `x`
@@ -14,9 +15,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .regex_ir import EMPTY, Alt, Chars, Dfa, Ranges, Ref, Repeat, Seq, fold
+from .regex_ir import EMPTY, Alt, Chars, Dfa, Ranges, Ref, Repeat, Seq, fold, utf8_sequences
 
 _CHECK_EVERY = 1024  # nodes between clock checks
+_MAX_KNOWN = 100_000  # facts kept for `remember`ed IR, past which they start again
+
+# id -> (node, dead, nullable) of IR that lives for the process (the free JSON values, built
+# once per whitespace and depth): every IrFacts starts from a copy, so no compile folds it.
+# Replaced, never changed in place, so a copy taken in another thread is whole.
+_known: dict[int, tuple[object, bool, bool]] = {}
+
+
+def remember(root) -> None:
+    """Keep the facts of `root` (IR shared by many grammars) for every `IrFacts` made later."""
+    global _known
+    if len(_known) > _MAX_KNOWN:
+        _known = {}
+    facts = IrFacts(lambda: None, _no_utf8)  # from what is known already
+    facts.dead(root)
+    _known = facts._facts
+
+
+def _no_utf8(ranges: Ranges) -> bool:
+    """Whether no code point in `ranges` has a UTF-8 encoding (all of them are surrogates)."""
+    return not any(utf8_sequences(lo, hi) for lo, hi in ranges)
 
 
 class IrFacts:
@@ -25,7 +47,8 @@ class IrFacts:
     def __init__(self, check: Callable[[], None], empty_chars: Callable[[Ranges], bool]):
         self._check = check  # the clock, called every _CHECK_EVERY new nodes
         self._empty_chars = empty_chars  # whether a code point set has no encodable member
-        self._facts: dict[int, tuple[object, bool, bool]] = {}  # id -> (node, dead, nullable)
+        # id -> (node, dead, nullable)
+        self._facts: dict[int, tuple[object, bool, bool]] = dict(_known)
         self._counted: dict[int, tuple[object, object, int, int | None]] = {}
         self._non_empty: dict[int, tuple[object, object]] = {}
         self._seen = 0  # nodes whose facts are known

@@ -51,7 +51,11 @@ def attend_block(q, k, v, visible, m_i, l_i, acc, sm_scale, logit_cap, HAS_CAP: 
     m_i, l_i [M] fp32; acc [M, D] fp32.
     A row with no visible key so far keeps m_i = -inf, l_i = 0, acc = 0 (no NaN).
     """
-    s = tl.dot(q, tl.trans(k)) * sm_scale
+    # fp32 inputs get fp32 products: tl.dot would round them to TF32 on a GPU
+    if q.dtype == tl.float32:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale
+    else:
+        s = tl.dot(q, tl.trans(k)) * sm_scale
     if HAS_CAP:
         s = soft_cap(s, logit_cap)
     s = tl.where(visible, s, float("-inf"))
@@ -60,5 +64,8 @@ def attend_block(q, k, v, visible, m_i, l_i, acc, sm_scale, logit_cap, HAS_CAP: 
     alpha = tl.exp(m_i - m_safe)
     p = tl.exp(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    if v.dtype == tl.float32:
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc

@@ -15,9 +15,13 @@ references in one place is the point: there is exactly one answer to "what shoul
     apply_token_bitmask_ref                 -inf where an xgrammar-layout bitmask forbids a token
     decode_attention_ref                    one query per request over its paged K/V
     extend_attention_ref                    new tokens over their paged prefix plus causal self
+    decode_attention_block_ref /            a decode step's attention and MLP sublayers, and
+    decode_mlp_block_ref / decode_linear_ref   one projection of weight segments
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -435,11 +439,67 @@ def extend_attention_ref(
         scores = torch.einsum("thd,lhd->htl", q[new].float(), keys) * sm_scale
         if logit_cap > 0:
             scores = logit_cap * torch.tanh(scores / logit_cap)
-        q_pos = torch.arange(prefix_len, prefix_len + extend_len)[:, None]
-        k_pos = torch.arange(prefix_len + extend_len)[None, :]
+        q_pos = torch.arange(prefix_len, prefix_len + extend_len, device=q.device)[:, None]
+        k_pos = torch.arange(prefix_len + extend_len, device=q.device)[None, :]
         visible = k_pos <= q_pos
         if sliding_window > 0:
             visible &= k_pos > q_pos - sliding_window
         scores = scores.masked_fill(~visible, float("-inf"))
         out[new] = torch.einsum("htl,lhd->thd", scores.softmax(-1), values).to(q.dtype)
     return out
+
+
+# -- decode-step sublayers (kernels/decode_layer.py) -----------------------------------------
+
+if TYPE_CHECKING:
+    from radixflow.kernels.decode_layer import AttentionWeights, MlpWeights, PagedKV, Projection
+
+
+def decode_linear_ref(x: torch.Tensor, proj: Projection) -> torch.Tensor:
+    """x [M, K] @ W.T + bias, W the segments of `proj` by output rows ("" = float weight)."""
+    outs, first = [], 0
+    for weight, qtype in zip(proj.weights, proj.qtypes, strict=True):
+        rows = weight.shape[0]
+        bias = None if proj.bias is None else proj.bias[first : first + rows]
+        if qtype:
+            outs.append(quant_linear_ref(x, weight, qtype, x.shape[1], bias))
+        else:
+            outs.append(linear_ref(x, weight, bias))
+        first += rows
+    return torch.cat(outs, dim=-1)
+
+
+def decode_attention_block_ref(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    w: AttentionWeights,
+    cos_sin: torch.Tensor,
+    kv: PagedKV,
+) -> torch.Tensor:
+    """[residual += x]; rms_norm; q|k|v; [per-head q/k rms_norm]; rotary by cos_sin
+    [T, rotary_dim]; K/V stored at out_cache_loc; decode attention; o projection."""
+    if residual is not None:
+        residual.copy_((x.float() + residual.float()).to(residual.dtype))
+    h = rms_norm_ref(x if residual is None else residual, w.norm, w.eps)
+    qkv = decode_linear_ref(h, w.qkv)
+    tokens, q_size, kv_size = x.shape[0], w.num_heads * w.head_dim, w.num_kv_heads * w.head_dim
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q = q.reshape(tokens, w.num_heads, w.head_dim)
+    k = k.reshape(tokens, w.num_kv_heads, w.head_dim)
+    if w.q_norm is not None and w.k_norm is not None:
+        q, k = rms_norm_ref(q, w.q_norm, w.eps), rms_norm_ref(k, w.k_norm, w.eps)
+    q, k = q.contiguous(), k.contiguous()
+    rotary_embedding_ref(torch.arange(tokens), q, k, cos_sin, w.head_dim, True)
+    store_kv_ref(kv.k_buffer, kv.v_buffer, kv.out_cache_loc, k, v)
+    attn = decode_attention_ref(
+        q, kv.k_buffer, kv.v_buffer, kv.req_to_token, kv.req_pool_indices, kv.seq_lens,
+        w.scale, w.logit_cap, w.sliding_window,
+    )  # fmt: skip
+    return decode_linear_ref(attn.reshape(tokens, q_size), w.o)
+
+
+def decode_mlp_block_ref(x: torch.Tensor, residual: torch.Tensor, w: MlpWeights) -> torch.Tensor:
+    """residual += x; down(silu_and_mul(gate_up(rms_norm(residual))))."""
+    residual.copy_((x.float() + residual.float()).to(residual.dtype))
+    gate_up = decode_linear_ref(rms_norm_ref(residual, w.norm, w.eps), w.gate_up)
+    return decode_linear_ref(silu_and_mul_ref(gate_up), w.down)

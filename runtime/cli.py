@@ -213,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
     try:
+        if args.command == "serve" and args.node_rank != 0:
+            return _serve_workers(args)
         if args.command == "serve" and args.dp_size != 1:
             return _serve_replicas(args, argv)
         return {"serve": _serve, "run": _run, "bench": _bench}[args.command](args)
@@ -224,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from radixflow.runtime.server.launch import serve
 
-    serve(
+    return serve(
         engine_kwargs(args),
         args.host,
         args.port,
@@ -240,7 +242,14 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         graceful_timeout=args.graceful_timeout,
     )
-    return 0
+
+
+def _serve_workers(args: argparse.Namespace) -> int:
+    """--node-rank R > 0: this machine runs only its tensor-parallel worker ranks (no HTTP
+    server) until node 0's engine stops them."""
+    from radixflow.runtime.distributed.worker import run_node
+
+    return run_node(EngineConfig(**engine_kwargs(args)))
 
 
 def _serve_replicas(args: argparse.Namespace, argv: list[str]) -> int:
@@ -253,6 +262,8 @@ def _serve_replicas(args: argparse.Namespace, argv: list[str]) -> int:
 
     if args.dp_size < 1:
         raise ValueError(f"--dp-size must be >= 1, got {args.dp_size}")
+    if args.tp_size != 1 or args.nnodes != 1:
+        raise ValueError("--dp-size with --tp-size/--nnodes is not supported: pick one")
     check_router_installed(args.dp_size)
     if args.admin_api_key is not None:
         raise ValueError(

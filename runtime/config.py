@@ -5,14 +5,14 @@ SGLang's `launch_server` spellings are accepted too, by the CLI and by
 
 | SGLang flag | here |
 |---|---|
-| --model-path, --tokenizer-path, --dtype, --device, --page-size, --context-length, --max-running-requests, --max-total-tokens, --mem-fraction-static, --chunked-prefill-size, --max-prefill-tokens, --schedule-policy, --disable-radix-cache, --random-seed, --chat-template, --tool-call-parser, --reasoning-parser, --log-requests | the same knob |
+| --model-path, --tokenizer-path, --dtype, --device, --page-size, --context-length, --max-running-requests, --max-total-tokens, --mem-fraction-static, --chunked-prefill-size, --max-prefill-tokens, --schedule-policy, --disable-radix-cache, --random-seed, --chat-template, --tool-call-parser, --reasoning-parser, --log-requests, --tp-size, --nnodes, --node-rank, --dist-init-addr, --dist-timeout | the same knob |
 | --dtype half / float / bfloat16 | float16 / float32 / bfloat16 |
 | --attention-backend torch_native / triton | torch / triton (others: error) |
 | --speculative-algorithm NGRAM / STANDALONE | ngram / draft (EAGLE*: error) |
 | --speculative-draft-model-path, --speculative-num-draft-tokens | speculative_draft_model, speculative_num_tokens |
 | --host, --port, --api-key, --served-model-name, --log-level | server options (`radixflow serve`) |
 | --dp-size | `radixflow serve --dp-size N`: N replicas behind SGLang's router; elsewhere only 1 |
-| --tp-size, --nnodes, --pp-size | only 1 (anything else: error) |
+| --pp-size | only 1 (anything else: error) |
 | --kv-cache-dtype | only auto (error otherwise) |
 | --quantization | the same knob: auto, none, int8, int4, q8_0, q4_0, q4_1 (awq, fp8, ...: error) |
 | --grammar-backend xgrammar / llguidance | the same knob (outlines, none: error) |
@@ -191,7 +191,31 @@ class EngineConfig:
         8, "speculate only while at most this many requests run (larger batches gain little)"
     )
     random_seed: int = _knob(0, "seed of the engine's shared sampling generator")
-    num_threads: int | None = _knob(None, "torch CPU threads (default: torch's choice)")
+    num_threads: int | None = _knob(
+        None,
+        "torch CPU threads (default: torch's choice; with tp_size > 1 each rank takes this "
+        "node's cores / its ranks)",
+    )
+    tp_size: int = _knob(
+        1,
+        "tensor-parallel ranks: the model's heads and MLP split over this many processes "
+        "(GPUs, or CPU processes over gloo); rank 0 schedules, every rank runs each step",
+    )
+    nnodes: int = _knob(1, "machines the tp_size ranks span (tp_size / nnodes ranks on each)")
+    node_rank: int = _knob(
+        0,
+        "this machine's index among nnodes: 0 runs the engine (and server) with its ranks, "
+        "the others run only worker ranks",
+    )
+    dist_init_addr: str | None = _knob(
+        None,
+        "host:port of node 0 where the ranks meet (needed with nnodes > 1; default: a free "
+        "loopback port)",
+    )
+    dist_timeout: float = _knob(
+        120.0,
+        "seconds a tensor-parallel collective may wait before a missing rank counts as dead",
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -233,6 +257,27 @@ class EngineConfig:
             raise ValueError(
                 f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}"
             )
+        self._check_parallel()
+
+    def _check_parallel(self) -> None:
+        if self.tp_size < 1 or self.nnodes < 1:
+            raise ValueError(
+                f"tp_size and nnodes must be >= 1, got tp_size={self.tp_size} nnodes={self.nnodes}"
+            )
+        if self.tp_size % self.nnodes:
+            raise ValueError(
+                f"tp_size {self.tp_size} does not split evenly over nnodes {self.nnodes}"
+            )
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in [0, {self.nnodes - 1}], got {self.node_rank}")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("nnodes > 1 needs dist_init_addr (host:port of node 0)")
+        if self.dist_init_addr is not None:
+            host, _, port = self.dist_init_addr.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"dist_init_addr must be host:port, got {self.dist_init_addr!r}")
+        if self.dist_timeout <= 0:
+            raise ValueError(f"dist_timeout must be positive, got {self.dist_timeout}")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
@@ -270,10 +315,8 @@ SGLANG_VALUES: dict[str, dict[str, Any]] = {
 SERVER_OPTIONS = {"host", "port", "api_key", "served_model_name", "log_level"}
 # knob -> (the only value that exists here, why); any other value is an error naming the knob
 SGLANG_SINGLE_VALUE: dict[str, tuple[Any, str]] = {
-    "tp_size": (1, "tensor parallelism is not available here"),
     "dp_size": (1, "replicas are `radixflow serve --dp-size N` (behind sglang-router)"),
     "pp_size": (1, "pipeline parallelism is not available here"),
-    "nnodes": (1, "this engine runs on one node"),
     "kv_cache_dtype": ("auto", "the KV cache uses the model dtype"),
 }
 # knob -> (takes a value on the command line, why it is ignored)

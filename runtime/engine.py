@@ -33,6 +33,8 @@ import torch
 from radixflow.runtime.cache_manager import CacheManager
 from radixflow.runtime.config import EngineConfig, request_log_line, startup_summary
 from radixflow.runtime.constrained import GrammarService, grammar_limits
+from radixflow.runtime.distributed.driver import TPDriver, TPFailure
+from radixflow.runtime.distributed.worker import StartupReport, load_rank_checkpoint
 from radixflow.runtime.engine_inbox import Flush, Inbox, Unpin
 from radixflow.runtime.io_struct import (
     AbortCause,
@@ -41,7 +43,7 @@ from radixflow.runtime.io_struct import (
     GenerateInput,
     InputLimits,
 )
-from radixflow.runtime.model_loader import Checkpoint, load_checkpoint
+from radixflow.runtime.model_loader import Checkpoint
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.output_processor import LogitRows, OutputProcessor
 from radixflow.runtime.request import Req
@@ -70,18 +72,52 @@ class Engine:
 
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
         self.config = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
+        if self.config.node_rank != 0:
+            raise ValueError(
+                f"node_rank {self.config.node_rank} runs only worker ranks "
+                "(`radixflow serve --node-rank N`); the engine runs on node 0"
+            )
+        # tp_size > 1: the workers start first (they load their shards meanwhile); this
+        # process is rank 0, on its own device / share of the cores
+        self.tp_driver = TPDriver.start(self.config) if self.config.tp_size > 1 else None
+        if self.tp_driver is not None:
+            self.config = self.tp_driver.config
+        try:
+            self._build(self._load_runner())
+        except BaseException:
+            if self.tp_driver is not None:  # no worker is left waiting for a step
+                self.tp_driver.stop()
+            raise
+        self._thread = threading.Thread(target=self._loop, name="radixflow-engine", daemon=True)
+        self._thread.start()
+        if self.tp_driver is not None:
+            self.tp_driver.watch(self._fail)
+        atexit.register(_shutdown_if_alive, weakref.ref(self))
+        logger.info("%s", startup_summary(self))
+
+    def _load_runner(self) -> Checkpoint:
+        """Build this rank's ModelRunner; with workers, every rank's outcome is checked
+        together (one error naming each rank that failed). Returns the checkpoint."""
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
-        checkpoint = load_checkpoint(
-            self.config.model_path,
-            tokenizer_path=self.config.tokenizer_path,
-            chat_template=self.config.chat_template,
-            generation_config=self.config.generation_config,
-        )
+        tp = None if self.tp_driver is None else self.tp_driver.tp
+        try:
+            checkpoint = load_rank_checkpoint(self.config)
+            self.runner = ModelRunner(self.config, checkpoint, tp)
+        except Exception as exc:
+            if self.tp_driver is not None:  # raises the error of every rank that failed
+                self.tp_driver.confirm(StartupReport.failed(0, exc))
+            raise
+        if self.tp_driver is not None:
+            self.tp_driver.confirm(StartupReport(0, None, self.runner.pool.capacity_pages))
+        return checkpoint
+
+    def _build(self, checkpoint: Checkpoint) -> None:
+        """Everything around the runner: limits, cache manager, scheduler, sampler,
+        speculator, grammars, outputs, counters."""
         self.sampling_defaults = checkpoint.sampling_defaults
         self.tokenizer = checkpoint.tokenizer
         self.model_dir = checkpoint.model_dir
-        self.runner = ModelRunner(self.config, checkpoint)
         # The hundreds of thousands of long-lived objects torch and transformers leave behind
         # would be rescanned by every full collection (about 0.3 s, stalling a step): move
         # them out of the collector's view.
@@ -140,6 +176,8 @@ class Engine:
         self._inbox = Inbox()
         self._compiling: list[Req] = []  # requests whose grammar compiles (engine thread)
         self._stopped = False
+        self.failure: str | None = None  # why the engine cannot run (a tensor-parallel rank died)
+        self.failed = threading.Event()  # set with `failure`: the server exits on it
         self.stats = {
             "requests": 0,
             "prompt_tokens": 0,
@@ -152,10 +190,6 @@ class Engine:
             "spec_accepted_tokens": 0,  # drafts accepted (the token after them not counted)
             "pinned_tokens": 0,
         }
-        self._thread = threading.Thread(target=self._loop, name="radixflow-engine", daemon=True)
-        self._thread.start()
-        atexit.register(_shutdown_if_alive, weakref.ref(self))
-        logger.info("%s", startup_summary(self))
 
     # -- public API -------------------------------------------------------------------------
     def generate(
@@ -228,8 +262,7 @@ class Engine:
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         """Run an already validated input: its result dicts, shaped as `async_generate`'s
         (an async iterator when it streams: the server streams each item on its own)."""
-        if self._stopped:
-            raise RuntimeError("the engine has been shut down")
+        self._check_alive()
         loop = asyncio.get_running_loop()
         reqs = self._requests.reqs(inp)
         compiling = self._start_compiling(reqs)
@@ -256,8 +289,7 @@ class Engine:
     def flush_cache(self) -> None:
         """Empty the prefix cache and the compiled-grammar cache; refuses (RuntimeError) while
         requests are running or waiting."""
-        if self._stopped:
-            raise RuntimeError("the engine has been shut down")
+        self._check_alive()
         error = self._inbox.ask(Flush())
         if error is not None:
             raise error
@@ -306,12 +338,33 @@ class Engine:
             compiling.append(future)
         return compiling
 
+    def _check_alive(self) -> None:
+        if self.failure is not None:
+            raise RuntimeError(f"the engine failed: {self.failure}")
+        if self._stopped:
+            raise RuntimeError("the engine has been shut down")
+
+    def _fail(self, message: str) -> None:
+        """The engine cannot run another step (any thread): its loop fails every request,
+        new ones are refused, and `failed` is set."""
+        if self.failure is None:
+            logger.error("engine failed: %s", message)
+            self.failure = message
+            if self.tp_driver is not None:
+                self.tp_driver.broken = True
+            self.failed.set()
+        self._inbox.wake()
+
     def shutdown(self) -> None:
         if self._stopped:
             return
         self._stopped = True
         self._inbox.wake()
         self._thread.join(timeout=30)
+        if self.tp_driver is not None:
+            if self._thread.is_alive():  # stuck in a collective: the group carries no STOP
+                self.tp_driver.broken = True
+            self.tp_driver.stop()
         self.grammars.shutdown()
         gc.unfreeze()  # what __init__ froze can be collected again (at exit too)
 
@@ -353,8 +406,7 @@ class Engine:
         token_ids_logprob: list[int] | None = None,
     ) -> GenerateInput:
         """The validated `GenerateInput` of `generate`'s arguments."""
-        if self._stopped:
-            raise RuntimeError("the engine has been shut down")
+        self._check_alive()
         return self._requests.input(
             prompt,
             sampling_params,
@@ -374,14 +426,17 @@ class Engine:
 
     # -- the loop (engine thread) -----------------------------------------------------------
     def _loop(self) -> None:
-        while not self._stopped:
+        while not self._stopped and self.failure is None:
             self._drain_inbox()
-            if not self.scheduler.has_work():
-                self._inbox.wait(timeout=0.5)
-                continue
             try:
-                if not self.step():  # requests wait for their grammars: a compile wakes us
+                if self.tp_driver is not None:
+                    self.tp_driver.ping()
+                if not self.scheduler.has_work():
+                    self._inbox.wait(timeout=0.5)
+                elif not self.step():  # requests wait for their grammars: a compile wakes us
                     self._inbox.wait(timeout=0.01)
+            except TPFailure as exc:  # the ranks are out of step: nothing more can run
+                self._fail(str(exc))
             except Exception as exc:  # a bug must not hang callers: fail what was running
                 logger.exception("engine step failed")
                 for req in list(self.scheduler.running):
@@ -390,9 +445,14 @@ class Engine:
                         req, FinishReason.abort(f"engine error: {exc!r}", AbortCause.ENGINE)
                     )
         self._drain_inbox()  # answer what arrived during shutdown: requests are aborted below
+        reason = (
+            FinishReason.abort("engine shut down", AbortCause.CANCELLED)
+            if self.failure is None
+            else FinishReason.abort(f"engine failed: {self.failure}", AbortCause.ENGINE)
+        )
         for req in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.remove(req)
-            self._finish(req, FinishReason.abort("engine shut down", AbortCause.CANCELLED))
+            self._finish(req, reason)
 
     def _drain_inbox(self) -> None:
         for item in self._inbox.drain():
@@ -452,7 +512,11 @@ class Engine:
             return False
         self.stats["steps"] += 1
         rows = LogitRows.plan(step)
-        logits = self.runner.forward(self.runner.build_batch(step, rows.indices))
+        batch = self.runner.build_batch(step, rows.indices)
+        if self.tp_driver is None:
+            logits = self.runner.forward(batch)
+        else:  # the workers run the same batch
+            logits = self.tp_driver.forward(self.runner, batch)
         for req, n in zip(step.reqs, step.extend_lens, strict=True):
             self.kv.commit(req, n)
         outcome = self.outputs.process(step, rows, logits)

@@ -12,6 +12,8 @@ Quantized weights: `Checkpoint.quant_plan` decides, from the `quantization` knob
 tensors a converted GGUF holds, which weights the model keeps packed (name -> qtype), and
 `Checkpoint.weights(dtype, plan)` yields those as PackedWeight (kept, requantized or quantized
 as the plan says) and every other weight as a float tensor (dequantized when stored packed).
+A tensor-parallel rank passes its slicing plan too: it reads only its rows or columns of each
+weight (safetensors' `get_slice`; of a packed matrix, whole rows or the blocks of its columns).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import os
 import re
 import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -35,6 +37,7 @@ from tqdm.auto import tqdm
 
 from radixflow.kernels.quant_formats import PackedWeight, quant_format, quantize
 from radixflow.runtime.chat_templates import apply_template_override
+from radixflow.runtime.distributed.parallel_layers import WeightSlice
 from radixflow.runtime.gguf_convert import (
     PACKED_METADATA_KEY,
     build_atomically,
@@ -45,6 +48,8 @@ from radixflow.runtime.layers.linear import choose_quant_linear
 from radixflow.runtime.layers.target import OpsTarget
 
 logger = logging.getLogger(__name__)
+
+SlicePlan = Callable[[str], WeightSlice | None]  # HF weight name -> the part to read
 
 # generation_config.json fields that become default sampling params (SGLang's names)
 SAMPLING_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -78,12 +83,16 @@ class Checkpoint:
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
 
     def weights(
-        self, dtype: torch.dtype, plan: dict[str, str] | None = None
+        self,
+        dtype: torch.dtype,
+        plan: dict[str, str] | None = None,
+        slicing: SlicePlan | None = None,
     ) -> Iterator[tuple[str, torch.Tensor | PackedWeight]]:
         """Yield (HF parameter name, weight), one shard open at a time: a PackedWeight of the
         planned qtype for the names in `plan` (see `quant_plan`), a tensor cast to `dtype`
-        for the rest."""
-        return iter_weights(self.model_dir, dtype, plan or {})
+        for the rest. `slicing` (a tensor-parallel rank's `ModelShards.weight_slice`) names
+        the part of each weight to read; only that part is read from the file."""
+        return iter_weights(self.model_dir, dtype, plan or {}, slicing)
 
     def keeps_packed(self, quantization: str) -> bool:
         """Whether `quantization` may keep weights packed: int8/int4/a qtype, or auto on a
@@ -136,7 +145,7 @@ class Checkpoint:
 
 
 def iter_weights(
-    model_dir: Path, dtype: torch.dtype, plan: dict[str, str]
+    model_dir: Path, dtype: torch.dtype, plan: dict[str, str], slicing: SlicePlan | None = None
 ) -> Iterator[tuple[str, torch.Tensor | PackedWeight]]:
     """`Checkpoint.weights` of the HF folder `model_dir`."""
     files = safetensors_files(model_dir)
@@ -152,20 +161,52 @@ def iter_weights(
             with safe_open(file, framework="pt") as shard:
                 packed = _packed_entries(shard)
                 for name in shard.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                    tensor = shard.get_tensor(name)
+                    cut = slicing(name) if slicing is not None else None
                     stored = packed.get(name)
                     if stored is not None:
-                        weight = PackedWeight(tensor, *stored)
-                        if plan.get(name) == weight.qtype:
+                        weight = _read_packed(shard, name, *stored, cut)
+                        if isinstance(weight, PackedWeight) and plan.get(name) == weight.qtype:
                             yield name, weight
                             continue
-                        tensor = weight.dequantize()
+                        tensor = weight.dequantize() if isinstance(weight, PackedWeight) else weight
+                    else:
+                        tensor = _read_float(shard, name, cut)
                     if name in plan:
                         data = quantize(tensor, plan[name])
                         yield name, PackedWeight(data, plan[name], (data.shape[0], tensor.shape[1]))
                     else:
                         yield name, tensor.to(dtype)
             bar.update(size)
+
+
+def _read_float(shard: Any, name: str, cut: WeightSlice | None) -> torch.Tensor:
+    """A float weight, or the rows / columns `cut` names of it."""
+    if cut is None:
+        return shard.get_tensor(name)
+    part = shard.get_slice(name)
+    return part[cut.start : cut.end] if cut.dim == 0 else part[:, cut.start : cut.end]
+
+
+def _read_packed(
+    shard: Any, name: str, qtype: str, shape: tuple[int, int], cut: WeightSlice | None
+) -> PackedWeight | torch.Tensor:
+    """A packed weight, or the part `cut` names of it: whole rows, or the blocks of a column
+    range (when the range is not whole blocks, the blocks covering it dequantized and cut)."""
+    rows, k = shape
+    if cut is None:
+        return PackedWeight(shard.get_tensor(name), qtype, shape)
+    if cut.dim == 0:
+        return PackedWeight(
+            shard.get_slice(name)[cut.start : cut.end], qtype, (cut.end - cut.start, k)
+        )
+    fmt = quant_format(qtype)
+    first, last = cut.start // fmt.block_size, -(-cut.end // fmt.block_size)
+    data = shard.get_slice(name)[:, first * fmt.block_bytes : last * fmt.block_bytes]
+    blocks = PackedWeight(data.contiguous(), qtype, (rows, (last - first) * fmt.block_size))
+    offset = first * fmt.block_size
+    if cut.start == offset and cut.end == last * fmt.block_size:
+        return blocks
+    return blocks.dequantize()[:, cut.start - offset : cut.end - offset].contiguous()
 
 
 def transformers_dir(model_dir: Path) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -11,11 +12,13 @@ from torch.overrides import TorchFunctionMode
 
 from radixflow.kernels import cpu_build
 from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.distributed.group import TPGroup
+from radixflow.runtime.distributed.parallel_layers import ModelShards
 from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.kv_pool import KVPool
 from radixflow.runtime.layers.attention import choose_attention_backend
 from radixflow.runtime.layers.target import OpsTarget
-from radixflow.runtime.memory_plan import available_memory, module_bytes, plan_kv_pool
+from radixflow.runtime.memory_plan import KVPlan, available_memory, module_bytes, plan_kv_pool
 from radixflow.runtime.model_loader import Checkpoint
 from radixflow.runtime.models.llama import LlamaForCausalLM
 from radixflow.runtime.scheduler import ScheduledStep
@@ -69,8 +72,37 @@ class SkipRandomInit(TorchFunctionMode):
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, checkpoint: Checkpoint) -> None:
+    """The model, its KV pool and attention backend; on a tensor-parallel rank (`tp` of more
+    than one rank) this rank's shard of them (runtime/distributed/parallel_layers.py): its
+    heads, rows and vocabulary slice read from the checkpoint, and its KV heads in the pool.
+
+    Every rank's pool gets the same number of pages (the smallest any rank planned: rank 0's
+    cache manager hands out the slots all ranks write), agreed by one collective at the end of
+    `__init__`, which every rank reaches even when its own build failed (it then re-raises), so
+    a failure never leaves the other ranks waiting."""
+
+    def __init__(
+        self, config: EngineConfig, checkpoint: Checkpoint, tp: TPGroup | None = None
+    ) -> None:
+        self.tp = tp or TPGroup.single()
         self.device = resolve_device(config.device)
+        try:
+            kv_plan = self._build(config, checkpoint)
+        except Exception:
+            self.tp.min_over_ranks(0, self.device)
+            raise
+        self.kv_plan = self._agree(kv_plan)
+        logger.info(
+            "KV pool: %d tokens (%.2f GiB%s), set by %s",
+            self.kv_plan.tokens,
+            self.kv_plan.gib,
+            ", taken from RAM as tokens fill it" if self.device.type == "cpu" else "",
+            self.kv_plan.reason,
+        )
+        self.pool.allocate(self.kv_plan.num_pages)
+
+    def _build(self, config: EngineConfig, checkpoint: Checkpoint) -> KVPlan:
+        """Build the model and the (unallocated) pool, load the weights; the pool's plan."""
         self.dtype = resolve_dtype(
             config.dtype, self.device, checkpoint.keeps_packed(config.quantization)
         )
@@ -83,15 +115,14 @@ class ModelRunner:
                 f"context_length {config.context_length} exceeds the model's {model_max}"
             )
         self.context_length = config.context_length or model_max
-        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-        kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
+        self.shards = ModelShards.of(hf, self.tp)
         # measured before the weights load: mem_fraction_static covers weights + KV pool
         available = None if config.max_total_tokens is not None else available_memory(self.device)
         self.pool = KVPool(  # its K/V buffers are sized once the weights are loaded
             num_layers=hf.num_hidden_layers,
             page_size=config.page_size,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
+            num_kv_heads=self.shards.num_kv_heads,
+            head_dim=self.shards.head_dim,
             dtype=self.dtype,
             device=self.device,
             max_reqs=config.max_running_requests,
@@ -101,16 +132,22 @@ class ModelRunner:
             config.attention_backend, self.pool, self.device
         )
         target = OpsTarget(self.device, self.dtype, triton=self.attention_backend == "triton")
-        packed = checkpoint.quant_plan(config.quantization, target)
+        packed = self.shards.quant_plan(checkpoint.quant_plan(config.quantization, target))
         # Large empty tensors take no RAM until written: built without its random init and cast
         # before loading, the model is written once, in its dtype, weight by weight.
         with torch.device(self.device), SkipRandomInit():
             model = LlamaForCausalLM(
-                hf, self.backend, target, max_position=self.context_length, packed=packed
+                hf,
+                self.backend,
+                target,
+                max_position=self.context_length,
+                packed=packed,
+                shards=self.shards,
             )
         self.model = model.to(self.dtype).eval()
-        self.model.load_weights(checkpoint.weights(self.dtype, packed))
-        self.kv_plan = plan_kv_pool(
+        slicing = self.shards.weight_slice if self.tp.size > 1 else None
+        self.model.load_weights(checkpoint.weights(self.dtype, packed, slicing))
+        return plan_kv_pool(
             bytes_per_token=self.pool.bytes_per_token(),
             page_size=config.page_size,
             context_length=self.context_length,
@@ -120,14 +157,16 @@ class ModelRunner:
             weight_bytes=module_bytes(self.model),
             max_total_tokens=config.max_total_tokens,
         )
-        logger.info(
-            "KV pool: %d tokens (%.2f GiB%s), set by %s",
-            self.kv_plan.tokens,
-            self.kv_plan.gib,
-            ", taken from RAM as tokens fill it" if self.device.type == "cpu" else "",
-            self.kv_plan.reason,
-        )
-        self.pool.allocate(self.kv_plan.num_pages)
+
+    def _agree(self, plan: KVPlan) -> KVPlan:
+        """`plan` cut to the smallest pool any rank planned (0 from a rank that failed)."""
+        tokens = self.tp.min_over_ranks(plan.tokens, self.device)
+        if tokens == 0:
+            raise RuntimeError("another tensor-parallel rank failed to build its model")
+        if tokens == plan.tokens:
+            return plan
+        reason = f"{plan.reason}; the smallest of the {self.tp.size} tensor-parallel ranks' pools"
+        return dataclasses.replace(plan, tokens=tokens, reason=reason)
 
     def build_batch(self, step: ScheduledStep, logits_indices: torch.Tensor) -> ForwardBatch:
         reqs, lens = step.reqs, step.extend_lens

@@ -137,6 +137,7 @@ KERNEL_TESTS = [
     "tests/test_kernels_cpu_elementwise.py",
     "tests/test_kernels_cpu_linear.py",
     "tests/test_kernels_quant.py",
+    "tests/test_decode_layer.py",
 ]
 
 

@@ -105,7 +105,7 @@ def test_an_sglang_launch_line_parses_unchanged(caplog):
 @pytest.mark.parametrize(
     ("flags", "knob"),
     [
-        (["--tp-size", "2"], "tp_size"),
+        (["--pp-size", "2"], "pp_size"),
         (["--kv-cache-dtype", "fp8_e5m2"], "kv_cache_dtype"),
     ],
 )
@@ -132,8 +132,8 @@ def test_engine_config_takes_sglang_names_as_keywords():
         "torch",
         "ngram",
     )
-    with pytest.raises(ValueError, match="tp_size=2 is not supported"):
-        EngineConfig.from_kwargs(tp_size=2)
+    with pytest.raises(ValueError, match="pp_size=2 is not supported"):
+        EngineConfig.from_kwargs(pp_size=2)
     with pytest.raises(ValueError, match="unknown engine option 'mem_fraction'"):
         EngineConfig.from_kwargs(mem_fraction=0.5)
     with pytest.raises(ValueError, match="attention_backend must be one of"):

@@ -60,7 +60,7 @@ def tiny_config(arch: str, vocab_size: int, **overrides):
 def make_tiny_model_dir(path: Path, arch: str = "llama", seed: int = 0, **overrides) -> Path:
     """Save a random `arch` model and tokenizer to `path`; returns it."""
     tokenizer = tiny_tokenizer()
-    config = tiny_config(arch, len(tokenizer), **overrides)
+    config = tiny_config(arch, overrides.pop("vocab_size", len(tokenizer)), **overrides)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
     model.save_pretrained(path)

@@ -100,6 +100,11 @@ class TorchPagedBackend(AttentionBackend):
         )
         self._extend: list[_ExtendRow] = []
 
+    @property
+    def uses_kernel(self) -> bool:
+        """Decode rows go to the compiled CPU kernel (runtime/layers/decode_block.py asks)."""
+        return self._kernel
+
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         table = batch.req_to_token
         rows = batch.req_pool_indices
@@ -141,16 +146,17 @@ class TorchPagedBackend(AttentionBackend):
 
     def _decode_rows(self, batch: ForwardBatch, ids: list[int], skip: int = 0) -> _DecodeRows:
         """Rows `ids` over their sequences from position `skip` on, padded to the longest."""
-        idx = torch.tensor(ids)
+        device = batch.seq_lens.device
+        idx = torch.tensor(ids, device=device)
         seq_lens = batch.seq_lens.index_select(0, idx) - skip
         max_len = max(batch.seq_lens_cpu[i] for i in ids) - skip
-        valid = torch.arange(max_len)[None, :] < seq_lens[:, None]
+        valid = torch.arange(max_len, device=device)[None, :] < seq_lens[:, None]
         rows = batch.req_pool_indices.index_select(0, idx)
         table = batch.req_to_token.index_select(0, rows)
         slots = table[:, skip : skip + max_len].to(torch.int64)
         slots = slots.masked_fill(~valid, 0)  # padding reads slot 0, masked out
         valid = valid[:, None, None, :]
-        bias = torch.zeros(valid.shape, dtype=self.pool.k_buffers[0].dtype)
+        bias = torch.zeros(valid.shape, dtype=self.pool.k_buffers[0].dtype, device=device)
         return _DecodeRows(
             batch.extend_start.index_select(0, idx),
             self._head_rows(slots),
@@ -207,7 +213,8 @@ class TorchPagedBackend(AttentionBackend):
         """Gather index giving [B, kv_heads, L, D] straight from the pool's [S * kv_heads, D]
         view, so attention reads contiguous per-head keys without a transpose copy."""
         kvh = self.pool.k_buffers[0].shape[1]
-        return (slots[:, None, :] * kvh + torch.arange(kvh)[None, :, None]).reshape(-1)
+        heads = torch.arange(kvh, device=slots.device)
+        return (slots[:, None, :] * kvh + heads[None, :, None]).reshape(-1)
 
     def forward(
         self,
@@ -240,7 +247,7 @@ class TorchPagedBackend(AttentionBackend):
             if row.prefix_len or layer.sliding_window > 0 or layer.logit_cap > 0:
                 mask = row.masks.get(layer.sliding_window)
                 if mask is None:  # built once per forward, not once per layer
-                    mask = _causal_mask(row.prefix_len, row.length, layer.sliding_window)
+                    mask = _causal_mask(row.prefix_len, row.length, layer.sliding_window, q.device)
                     row.masks[layer.sliding_window] = mask
             o = _sdpa(qr[None], kr[None].to(q.dtype), vr[None].to(q.dtype), mask, layer)
             out[row.start : row.start + row.length] = o[0].transpose(0, 1).reshape(row.length, -1)
@@ -268,7 +275,7 @@ class TorchPagedBackend(AttentionBackend):
             mask = dec.valid
         if layer.sliding_window > 0:
             first = (dec.seq_lens - layer.sliding_window)[:, None, None, None]
-            mask = mask & (torch.arange(dec.max_len) >= first)
+            mask = mask & (torch.arange(dec.max_len, device=first.device) >= first)
         o = _sdpa(qd, kd.to(q.dtype), vd.to(q.dtype), mask, layer, gqa=False)
         return o.reshape(b, -1)
 
@@ -374,10 +381,10 @@ def _flash_with_lse(
     )
 
 
-def _causal_mask(prefix_len: int, length: int, window: int) -> torch.Tensor:
+def _causal_mask(prefix_len: int, length: int, window: int, device: torch.device) -> torch.Tensor:
     """[length, prefix_len + length] bool: query i sees keys j <= prefix_len + i (and in window)."""
-    q_pos = torch.arange(length)[:, None] + prefix_len
-    k_pos = torch.arange(prefix_len + length)[None, :]
+    q_pos = torch.arange(length, device=device)[:, None] + prefix_len
+    k_pos = torch.arange(prefix_len + length, device=device)[None, :]
     mask = k_pos <= q_pos
     if window > 0:
         mask &= k_pos > q_pos - window

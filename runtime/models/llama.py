@@ -6,6 +6,10 @@ fused into one matmul each; attention goes through the AttentionBackend seam. Th
 chooses kernels: its ops (runtime/layers/) are bound once, here, from an OpsTarget, and the
 choice is logged. Weights the loader's plan keeps packed (`packed`: HF name -> qtype) live in
 QuantLinear / QuantEmbedding layers; a fused projection is packed when all its parts are.
+
+On a tensor-parallel rank (`shards`, runtime/distributed/parallel_layers.py) the layers hold
+this rank's heads, intermediate rows and vocabulary rows; o_proj and down_proj are followed by
+an all-reduce, the embedding sums the ranks' rows and the logits are gathered from them.
 """
 
 from __future__ import annotations
@@ -19,9 +23,16 @@ from torch import nn
 
 from radixflow.kernels.quant_formats import PackedWeight
 from radixflow.runtime.attention.base import AttentionBackend, AttentionLayerSpec
+from radixflow.runtime.distributed.group import TPGroup
+from radixflow.runtime.distributed.parallel_layers import ModelShards
 from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.layers.activation import SiluAndMulImpl, choose_silu_and_mul
-from radixflow.runtime.layers.embedding import QuantEmbedding
+from radixflow.runtime.layers.decode_block import DecodeStack
+from radixflow.runtime.layers.embedding import (
+    QuantEmbedding,
+    VocabParallelEmbedding,
+    VocabParallelQuantEmbedding,
+)
 from radixflow.runtime.layers.linear import (
     Linear,
     LinearImpl,
@@ -98,15 +109,16 @@ class Attention(nn.Module):
         self,
         config,
         layer_id: int,
-        head_dim: int,
+        shards: ModelShards,
         backend: AttentionBackend,
         ops: ModelOps,
         packed: Mapping[str, str],
     ) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = head_dim
+        self.num_heads = shards.num_heads
+        self.num_kv_heads = shards.num_kv_heads
+        self.head_dim = head_dim = shards.head_dim
+        self.tp = shards.tp
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
         bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
@@ -142,19 +154,21 @@ class Attention(nn.Module):
         out = self.backend.forward(
             q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, self.spec, batch
         )
-        return self.o_proj(out)
+        return self.tp.all_reduce(self.o_proj(out))
 
 
 class MLP(nn.Module):
     def __init__(
         self,
         hidden: int,
-        intermediate: int,
         layer_id: int,
+        shards: ModelShards,
         ops: ModelOps,
         packed: Mapping[str, str],
     ) -> None:
         super().__init__()
+        intermediate = shards.intermediate_size
+        self.tp = shards.tp
         name = f"model.layers.{layer_id}.mlp.{{}}_proj.weight".format
         gate_up = [(name("gate"), intermediate), (name("up"), intermediate)]
         self.gate_up_proj = projection(hidden, gate_up, False, ops, packed)
@@ -162,7 +176,7 @@ class MLP(nn.Module):
         self.act = ops.silu_and_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act.fn(self.gate_up_proj(x)))
+        return self.tp.all_reduce(self.down_proj(self.act.fn(self.gate_up_proj(x))))
 
 
 class DecoderLayer(nn.Module):
@@ -170,7 +184,7 @@ class DecoderLayer(nn.Module):
         self,
         config,
         layer_id: int,
-        head_dim: int,
+        shards: ModelShards,
         backend: AttentionBackend,
         ops: ModelOps,
         packed: Mapping[str, str],
@@ -178,9 +192,9 @@ class DecoderLayer(nn.Module):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, ops.rms_norm)
-        self.self_attn = Attention(config, layer_id, head_dim, backend, ops, packed)
+        self.self_attn = Attention(config, layer_id, shards, backend, ops, packed)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, ops.rms_norm)
-        self.mlp = MLP(config.hidden_size, config.intermediate_size, layer_id, ops, packed)
+        self.mlp = MLP(config.hidden_size, layer_id, shards, ops, packed)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, rotate: Rotate, batch: ForwardBatch
@@ -201,7 +215,9 @@ class LlamaForCausalLM(nn.Module):
     """Decoder-only transformer; `forward` returns float32 logits for `batch.logits_indices`.
 
     Build it under `torch.device(target.device)`: the RoPE table is made on the default device.
-    `packed` (HF weight name -> qtype, from `Checkpoint.quant_plan`) names the weights kept packed.
+    `packed` (HF weight name -> qtype, from `Checkpoint.quant_plan`, on a tensor-parallel rank
+    passed through `ModelShards.quant_plan`) names the weights kept packed; `shards` is this
+    rank's part of the model (None: the whole model, no collectives).
     """
 
     def __init__(
@@ -211,6 +227,7 @@ class LlamaForCausalLM(nn.Module):
         target: OpsTarget,
         max_position: int,
         packed: Mapping[str, str] | None = None,
+        shards: ModelShards | None = None,
     ) -> None:
         super().__init__()
         archs = getattr(config, "architectures", None) or ["LlamaForCausalLM"]
@@ -219,22 +236,18 @@ class LlamaForCausalLM(nn.Module):
                 f"unsupported architecture {archs[0]!r}; supported: {SUPPORTED_ARCHITECTURES}"
             )
         self.config = config
-        head_dim = (
-            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        )
-        self.head_dim = head_dim
+        self.shards = shards = shards or ModelShards.of(config, TPGroup.single())
+        self.tp = shards.tp
+        self.head_dim = head_dim = shards.head_dim
         packed = packed or {}
         self.ops = ModelOps.choose(target)
         logger.info("ops for %s: %s", target.describe(), self.ops.describe())
-        hidden, vocab = config.hidden_size, config.vocab_size
-        embed_qtype = packed.get("model.embed_tokens.weight")
-        self.embed_tokens: nn.Embedding | QuantEmbedding = (
-            QuantEmbedding(vocab, hidden, embed_qtype, target.dtype, self.ops.quant_linear)
-            if embed_qtype
-            else nn.Embedding(vocab, hidden)
+        hidden, vocab = config.hidden_size, shards.vocab_rows
+        self.embed_tokens = self._embedding(
+            hidden, packed.get("model.embed_tokens.weight"), target.dtype
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, head_dim, backend, self.ops, packed)
+            DecoderLayer(config, i, shards, backend, self.ops, packed)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(hidden, config.rms_norm_eps, self.ops.rms_norm)
@@ -248,24 +261,50 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(
             RopeSpec.from_config(config, head_dim), head_dim, max_position, self.ops.rotary
         )
+        self.decode_stack = DecodeStack(self.layers, backend, self.rotary, target)
+
+    def _embedding(
+        self, hidden: int, qtype: str | None, dtype: torch.dtype
+    ) -> nn.Embedding | QuantEmbedding:
+        """The token embedding: this rank's vocabulary rows on a tensor-parallel rank."""
+        rows, impl, tp = self.shards.vocab_rows, self.ops.quant_linear, self.tp
+        if tp.size > 1 and qtype:
+            return VocabParallelQuantEmbedding(
+                rows, hidden, qtype, dtype, impl, self.shards.vocab, tp
+            )
+        if tp.size > 1:
+            return VocabParallelEmbedding(rows, hidden, self.shards.vocab, tp)
+        return (
+            QuantEmbedding(rows, hidden, qtype, dtype, impl)
+            if qtype
+            else nn.Embedding(rows, hidden)
+        )
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final hidden states [T, hidden] -> logits [T, vocab] through lm_head (or the tied
-        embedding), in the model's dtype."""
+        embedding), in the model's dtype; on a tensor-parallel rank gathered from the ranks'
+        vocabulary slices, the padded tail cut off."""
         head = self.embed_tokens if self.tie_word_embeddings else self.lm_head
         if isinstance(head, QuantEmbedding):
-            return head.linear(x)
-        if isinstance(head, QuantLinear):
-            return head(x)
-        return self.ops.linear.fn(x, head.weight, None)
+            logits = head.linear(x)
+        elif isinstance(head, QuantLinear):
+            logits = head(x)
+        else:
+            logits = self.ops.linear.fn(x, head.weight, None)
+        if self.tp.size == 1:
+            return logits
+        return self.tp.all_gather(logits, dim=-1)[:, : self.config.vocab_size]
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
-        rotate = self.rotary.rotation(batch.positions, x.dtype)
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(x, residual, rotate, batch)
+        if self.decode_stack.applies(batch):  # runtime/layers/decode_block.py
+            x, residual = self.decode_stack.forward(x, batch)
+        else:
+            rotate = self.rotary.rotation(batch.positions, x.dtype)
+            residual = None
+            for layer in self.layers:
+                x, residual = layer(x, residual, rotate, batch)
         rows = batch.logits_indices
         x, _ = self.norm.add_forward(x.index_select(0, rows), residual.index_select(0, rows))
         return self.logits(x).float()
@@ -324,11 +363,15 @@ class LlamaForCausalLM(nn.Module):
                 attn = self.layers[0].self_attn
                 offset = {"q_proj": 0, "k_proj": attn.q_size, "v_proj": attn.q_size + attn.kv_size}
                 return stem.replace(part, "qkv_proj"), offset[part]
-        for part, offset in (("gate_proj", 0), ("up_proj", self.config.intermediate_size)):
+        for part, offset in (("gate_proj", 0), ("up_proj", self.shards.intermediate_size)):
             if f".mlp.{part}." in stem:
                 return stem.replace(part, "gate_up_proj"), offset
+        # a rank's vocabulary slice fills the first rows of its (padded) embedding / lm_head
+        vocab_offset = 0 if self.tp.size > 1 else None
         if name == "lm_head.weight":
-            return (None if self.tie_word_embeddings else "lm_head.weight"), None
+            return (None if self.tie_word_embeddings else "lm_head.weight"), vocab_offset
+        if name == "model.embed_tokens.weight":
+            return stem, vocab_offset
         if stem in params:
             return stem, None
         return None, None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import uvicorn
@@ -25,12 +26,14 @@ def serve(
     log_level: str = "info",
     graceful_timeout: float = 30.0,
     limits: ServerLimits | None = None,
-) -> None:
-    """Load an engine and serve it until SIGINT/SIGTERM.
+) -> int:
+    """Load an engine and serve it until SIGINT/SIGTERM; returns the exit code.
 
     On the signal the server stops accepting connections and gives in-flight requests
     `graceful_timeout` seconds; then it aborts them (streams end with finish_reason "abort"
-    and `[DONE]`), and shuts the engine down.
+    and `[DONE]`), and shuts the engine down: 0. When the engine fails (a tensor-parallel
+    rank died) its requests end with an engine error (HTTP 500 / an error event) and the
+    server exits: 1.
     """
     engine = Engine(**engine_kwargs)
     try:
@@ -50,11 +53,21 @@ def serve(
             log_level=log_level,
             timeout_graceful_shutdown=graceful_timeout + 10,
         )
-        _GracefulServer(config, app.state.ctx, graceful_timeout).run()
+        server = _GracefulServer(config, app.state.ctx, graceful_timeout)
+        threading.Thread(
+            target=_exit_on_failure, args=(engine, server), name="radixflow-failure", daemon=True
+        ).start()
+        server.run()
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down
         pass
     finally:
         engine.shutdown()
+    return 1 if engine.failure is not None else 0
+
+
+def _exit_on_failure(engine: Engine, server: uvicorn.Server) -> None:
+    engine.failed.wait()
+    server.should_exit = True
 
 
 class _GracefulServer(uvicorn.Server):

@@ -1,0 +1,451 @@
+// A decoder layer's two sublayers for a decode step (at most 8 tokens), one op each, so a
+// step costs two calls per layer instead of a dozen small ops through Python:
+//
+//     attention sublayer  [residual += x]; h = rms_norm(residual); qkv = h W_qkv^T (+ b);
+//                         [per-head q/k rms_norm]; rotary(q, k); k, v -> pool at out_cache_loc;
+//                         a = decode_attention(q); out = a W_o^T
+//     MLP sublayer        residual += x; h = rms_norm(residual); out = silu_and_mul(h W_gu^T) W_d^T
+//
+// Each ends at its projection's output, so a tensor-parallel caller can all-reduce it there.
+// The row-wise ops and the attention are the library's own kernels, called through the
+// dispatcher; a projection is a list of segments (output rows of one kind each), run by
+//
+//     ""              float weight [rows, K] in x's dtype    -> small_linear
+//     q4_0 q4_1 q8_0  packed 32-weight blocks                -> this file's matvec, below
+//     other qtypes    packed (K-quants)                      -> quant_linear
+//
+// The matvec decodes each block in registers: on AVX-512 a 4-bit block's 16 possible weights
+// d q + m are one vector (fma of 0..15 by d, m: the same single rounding as gguf and
+// quant_linear) and its nibbles index it with one permute per 16 weights; elsewhere the
+// nibbles are widened and converted. Sums are fp32 in quant_linear's order, so fp32 results
+// match it to summation order (bit for bit on AVX-512).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "simd.h"
+
+namespace vec = radixflow_cpu;
+using vec::Vec;
+
+namespace {
+
+constexpr int64_t kMaxRows = 8;
+constexpr int kBlock = 32;  // weights per block of every format taken here
+constexpr int kBlockVecs = kBlock / vec::kLanes;
+
+inline float half_at(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);
+#else
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+#endif
+}
+
+// -- block formats: 32 weights as kBlockVecs fp32 vectors ------------------------------------
+
+// fp16 d, fp16 m (q4_1 only), 16 bytes of nibbles: weight j < 16 is the low nibble of byte j,
+// weight j + 16 its high nibble; w = d q + m (q4_0: m = -8 d).
+template <bool kHasMin>
+struct Q4 {
+  static constexpr int kBytes = kHasMin ? 20 : 18;
+  static void decode(const uint8_t* b, Vec* w) {
+    const float d = half_at(b);
+    const float m = kHasMin ? half_at(b + 2) : -8.0f * d;
+    const uint8_t* qs = b + (kHasMin ? 4 : 2);
+#if defined(__AVX512F__)
+    const Vec table = _mm512_fmadd_ps(
+        _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_ps(d),
+        _mm512_set1_ps(m));
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)qs));
+    w[0] = _mm512_permutexvar_ps(bytes, table);  // the permute reads the low 4 bits
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+#elif defined(__AVX2__)
+    const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+    const __m256i low = _mm256_set1_epi32(0x0F);
+    for (int half = 0; half < 2; ++half) {
+      const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(qs + 8 * half)));
+      w[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(bytes, low)), dv, mv);
+      w[2 + half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4)), dv, mv);
+    }
+#else
+    alignas(64) float f[kBlock];
+    for (int j = 0; j < 16; ++j) {
+      f[j] = std::fma(static_cast<float>(qs[j] & 0x0F), d, m);
+      f[j + 16] = std::fma(static_cast<float>(qs[j] >> 4), d, m);
+    }
+    for (int i = 0; i < kBlockVecs; ++i) w[i] = vec::load(f + i * vec::kLanes);
+#endif
+  }
+};
+
+// fp16 d, int8 q[32]: w = d q.
+struct Q8 {
+  static constexpr int kBytes = 34;
+  static void decode(const uint8_t* b, Vec* w) {
+    const float d = half_at(b);
+    const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
+#if defined(__AVX512F__)
+    for (int i = 0; i < 2; ++i)
+      w[i] = _mm512_mul_ps(
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(qs + 16 * i)))),
+          _mm512_set1_ps(d));
+#elif defined(__AVX2__)
+    for (int i = 0; i < 4; ++i)
+      w[i] = _mm256_mul_ps(
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(qs + 8 * i)))),
+          _mm256_set1_ps(d));
+#else
+    alignas(64) float f[kBlock];
+    for (int j = 0; j < kBlock; ++j) f[j] = static_cast<float>(qs[j]) * d;
+    for (int i = 0; i < kBlockVecs; ++i) w[i] = vec::load(f + i * vec::kLanes);
+#endif
+  }
+};
+
+// -- the matvec: y [M, N] = x [M, K] (fp32) . W^T for one segment ---------------------------
+
+struct Matvec {
+  const float* x;  // [M, K] contiguous fp32
+  const uint8_t* w;  // [N, row_bytes]
+  int64_t n, k, row_bytes;
+};
+
+// Packed rows [row, row + R) against the M rows of x: sums[r * M + m]. R rows at once give
+// R independent accumulator chains (M = 1) and share each load of x between R FMAs.
+template <typename Fmt, int M, int R>
+inline void dot_rows(const Matvec& p, int64_t row, float* sums) {
+  Vec acc[R * M];
+  for (int i = 0; i < R * M; ++i) acc[i] = vec::zero();
+  const uint8_t* block = p.w + row * p.row_bytes;
+  for (int64_t k0 = 0; k0 < p.k; k0 += kBlock, block += Fmt::kBytes) {
+    Vec w[R][kBlockVecs];
+    for (int r = 0; r < R; ++r) Fmt::decode(block + r * p.row_bytes, w[r]);
+    for (int i = 0; i < kBlockVecs; ++i) {
+      for (int m = 0; m < M; ++m) {
+        const Vec xv = vec::load(p.x + m * p.k + k0 + i * vec::kLanes);
+        for (int r = 0; r < R; ++r) acc[r * M + m] = vec::fmadd(w[r][i], xv, acc[r * M + m]);
+      }
+    }
+  }
+  for (int i = 0; i < R * M; ++i) sums[i] = vec::reduce_add(acc[i]);
+}
+
+constexpr int rows_per_step(int m) { return m == 1 ? 4 : m <= 4 ? 2 : 1; }
+
+template <typename Fmt, int M, typename Out>
+void matvec(const Matvec& p, const Out* bias, Out* y, int64_t ldy) {
+  constexpr int R = rows_per_step(M);
+  const auto finish = [&](int64_t n, int rows, const float* sums) {
+    for (int r = 0; r < rows; ++r) {
+      const float b = bias ? static_cast<float>(bias[n + r]) : 0.0f;
+      for (int m = 0; m < M; ++m) y[m * ldy + n + r] = Out(sums[r * M + m] + b);
+    }
+  };
+  const int64_t steps = p.n / R;
+  // about 16 KiB of packed rows per task: enough that the fork costs little
+  const int64_t grain = std::max<int64_t>(1, 16384 / (R * p.row_bytes));
+  at::parallel_for(0, steps, grain, [&](int64_t begin, int64_t end) {
+    float sums[R * M];
+    for (int64_t step = begin; step < end; ++step) {
+      dot_rows<Fmt, M, R>(p, step * R, sums);
+      finish(step * R, R, sums);
+    }
+  });
+  for (int64_t n = steps * R; n < p.n; ++n) {
+    float sums[M];
+    dot_rows<Fmt, M, 1>(p, n, sums);
+    finish(n, 1, sums);
+  }
+}
+
+template <typename Fmt, typename Out>
+void matvec_rows(const Matvec& p, int64_t m, const Out* bias, Out* y, int64_t ldy) {
+  switch (m) {
+#define RADIXFLOW_CASE(rows) \
+  case rows:                 \
+    return matvec<Fmt, rows, Out>(p, bias, y, ldy);
+    RADIXFLOW_CASE(1) RADIXFLOW_CASE(2) RADIXFLOW_CASE(3) RADIXFLOW_CASE(4)
+    RADIXFLOW_CASE(5) RADIXFLOW_CASE(6) RADIXFLOW_CASE(7) RADIXFLOW_CASE(8)
+#undef RADIXFLOW_CASE
+  }
+}
+
+// -- the library's other kernels, through the dispatcher -------------------------------------
+
+template <typename Sig>
+c10::TypedOperatorHandle<Sig> op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
+
+void rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
+              const at::Tensor& weight, double eps, const at::Tensor& out) {
+  static const auto handle =
+      op<void(const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, double,
+              at::Tensor)>("radixflow_cpu::rms_norm");
+  handle.call(x, residual, weight, eps, out);
+}
+
+void silu_and_mul(const at::Tensor& gate_up, const at::Tensor& out) {
+  static const auto handle =
+      op<void(const at::Tensor&, at::Tensor)>("radixflow_cpu::silu_and_mul");
+  handle.call(gate_up, out);
+}
+
+void rotary_neox(const at::Tensor& x, const at::Tensor& cos_sin, int64_t rotary_dim) {
+  static const auto handle =
+      op<void(at::Tensor, const at::Tensor&, int64_t)>("radixflow_cpu::rotary_neox");
+  handle.call(x, cos_sin, rotary_dim);
+}
+
+void small_linear(const at::Tensor& x, const at::Tensor& weight,
+                  const std::optional<at::Tensor>& bias, const at::Tensor& out) {
+  static const auto handle =
+      op<void(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+              const at::Tensor&)>("radixflow_cpu::small_linear");
+  handle.call(x, weight, bias, out);
+}
+
+void quant_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& qtype,
+                  int64_t k, const std::optional<at::Tensor>& bias, const at::Tensor& out) {
+  static const auto handle =
+      op<void(const at::Tensor&, const at::Tensor&, const std::string&, int64_t,
+              const std::optional<at::Tensor>&, const at::Tensor&)>("radixflow_cpu::quant_linear");
+  handle.call(x, packed, qtype, k, bias, out);
+}
+
+void decode_attention(const at::Tensor& q, const at::Tensor& k_buffer, const at::Tensor& v_buffer,
+                      const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                      const at::Tensor& seq_lens, double scale, double logit_cap,
+                      int64_t sliding_window, const at::Tensor& out) {
+  static const auto handle =
+      op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const at::Tensor&, const at::Tensor&, double, double, int64_t, const at::Tensor&,
+              const std::optional<at::Tensor>&)>("radixflow_cpu::decode_attention");
+  handle.call(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, scale, logit_cap,
+              sliding_window, out, std::nullopt);
+}
+
+// -- a projection: segments of output rows -------------------------------------------------
+
+bool fast_qtype(const std::string& qtype) {
+  return qtype == "q4_0" || qtype == "q4_1" || qtype == "q8_0";
+}
+
+template <typename Out>
+void fast_segment(const at::Tensor& xf, const at::Tensor& packed, const std::string& qtype,
+                  const Out* bias, const at::Tensor& out) {
+  const Matvec p{xf.data_ptr<float>(), packed.data_ptr<uint8_t>(), packed.size(0), xf.size(1),
+                 packed.size(1)};
+  Out* y = out.data_ptr<Out>();
+  const int64_t m = xf.size(0), ld = out.stride(0);
+  if (qtype == "q4_0") return matvec_rows<Q4<false>, Out>(p, m, bias, y, ld);
+  if (qtype == "q4_1") return matvec_rows<Q4<true>, Out>(p, m, bias, y, ld);
+  matvec_rows<Q8, Out>(p, m, bias, y, ld);
+}
+
+// out [M, N] = x [M, K] W^T (+ bias), W the concatenation of `weights` by output rows.
+void project(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+             const std::vector<std::string>& qtypes, const std::optional<at::Tensor>& bias,
+             const at::Tensor& out) {
+  const int64_t k = x.size(1);
+  at::Tensor xf;  // x in fp32, made once for the fast segments
+  int64_t first = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const at::Tensor& w = weights[i];
+    const int64_t rows = w.size(0);
+    const at::Tensor y = out.narrow(1, first, rows);
+    const std::optional<at::Tensor> b =
+        bias ? std::optional<at::Tensor>(bias->narrow(0, first, rows)) : std::nullopt;
+    if (qtypes[i].empty()) {
+      small_linear(x, w, b, y);
+    } else if (fast_qtype(qtypes[i])) {
+      if (!xf.defined()) xf = x.to(at::kFloat).contiguous();
+      if (x.scalar_type() == at::kFloat)
+        fast_segment<float>(xf, w, qtypes[i], b ? b->data_ptr<float>() : nullptr, y);
+      else
+        fast_segment<c10::BFloat16>(xf, w, qtypes[i],
+                                    b ? b->data_ptr<c10::BFloat16>() : nullptr, y);
+    } else {
+      quant_linear(x, w, qtypes[i], k, b, y);
+    }
+    first += rows;
+  }
+}
+
+int64_t check_projection(const std::vector<at::Tensor>& weights,
+                         const std::vector<std::string>& qtypes, int64_t k, at::ScalarType dtype,
+                         const char* name) {
+  TORCH_CHECK(!weights.empty() && weights.size() == qtypes.size(), name,
+              ": one qtype per weight segment, at least one segment");
+  int64_t rows = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const at::Tensor& w = weights[i];
+    TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.device().is_cpu(), name,
+                ": weight segments must be contiguous 2-D CPU tensors");
+    if (qtypes[i].empty()) {
+      TORCH_CHECK(w.scalar_type() == dtype && w.size(1) == k, name,
+                  ": a float segment must be [rows, ", k, "] in x's dtype");
+    } else {
+      TORCH_CHECK(w.scalar_type() == at::kByte, name, ": a packed segment must be uint8");
+      if (fast_qtype(qtypes[i])) {
+        const int64_t bytes = qtypes[i] == "q8_0" ? Q8::kBytes
+                              : qtypes[i] == "q4_1" ? Q4<true>::kBytes
+                                                    : Q4<false>::kBytes;
+        TORCH_CHECK(k % kBlock == 0 && w.size(1) == k / kBlock * bytes, name, ": ", qtypes[i],
+                    " rows of K=", k, " take ", k / kBlock * bytes, " bytes, got ", w.size(1));
+      }
+    }
+    rows += w.size(0);
+  }
+  return rows;
+}
+
+void check_rows(const at::Tensor& t, const char* name, int64_t tokens, int64_t width,
+                at::ScalarType dtype) {
+  TORCH_CHECK(t.dim() == 2 && t.size(0) == tokens && t.size(1) == width && t.is_contiguous() &&
+                  t.scalar_type() == dtype && t.device().is_cpu(),
+              name, " must be a contiguous CPU [", tokens, ", ", width, "] tensor in x's dtype");
+}
+
+void check_x(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kMaxRows && x.is_contiguous() &&
+                  x.device().is_cpu(),
+              "x must be a contiguous CPU tensor of 1 to 8 rows");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "x must be float32 or bfloat16");
+}
+
+// h = rms_norm(residual += x), or rms_norm(x) without a residual (the first layer).
+at::Tensor input_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
+                      const at::Tensor& norm_weight, double eps) {
+  const at::Tensor h = at::empty_like(x);
+  if (residual) {
+    check_rows(*residual, "residual", x.size(0), x.size(1), x.scalar_type());
+    rms_norm(x, residual, norm_weight, eps, h);
+  } else {
+    rms_norm(x, std::nullopt, norm_weight, eps, h);
+  }
+  return h;
+}
+
+void decode_linear(const at::Tensor& x, at::TensorList weights, std::vector<std::string> qtypes,
+                   const std::optional<at::Tensor>& bias, const at::Tensor& out) {
+  check_x(x);
+  const std::vector<at::Tensor> w(weights.begin(), weights.end());
+  const int64_t n = check_projection(w, qtypes, x.size(1), x.scalar_type(), "weights");
+  check_rows(out, "out", x.size(0), n, x.scalar_type());
+  if (bias) check_rows(bias->view({1, -1}), "bias", 1, n, x.scalar_type());
+  project(x, w, qtypes, bias, out);
+}
+
+void decode_attention_block(
+    const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& norm_weight,
+    double eps, at::TensorList qkv_weights, std::vector<std::string> qkv_qtypes,
+    const std::optional<at::Tensor>& qkv_bias, const std::optional<at::Tensor>& q_norm_weight,
+    const std::optional<at::Tensor>& k_norm_weight, const at::Tensor& cos_sin, int64_t rotary_dim,
+    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, const at::Tensor& k_buffer,
+    const at::Tensor& v_buffer, const at::Tensor& out_cache_loc, const at::Tensor& req_to_token,
+    const at::Tensor& req_pool_indices, const at::Tensor& seq_lens, double scale,
+    double logit_cap, int64_t sliding_window, at::TensorList o_weights,
+    std::vector<std::string> o_qtypes, const at::Tensor& out) {
+  check_x(x);
+  const int64_t tokens = x.size(0), hidden = x.size(1);
+  const auto dtype = x.scalar_type();
+  const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+  const std::vector<at::Tensor> qkv_w(qkv_weights.begin(), qkv_weights.end());
+  const std::vector<at::Tensor> o_w(o_weights.begin(), o_weights.end());
+  TORCH_CHECK(check_projection(qkv_w, qkv_qtypes, hidden, dtype, "qkv") == q_size + 2 * kv_size,
+              "qkv must have num_heads * head_dim + 2 * num_kv_heads * head_dim rows");
+  TORCH_CHECK(check_projection(o_w, o_qtypes, q_size, dtype, "o") == hidden,
+              "o must have hidden rows");
+  check_rows(out, "out", tokens, hidden, dtype);
+  TORCH_CHECK(out_cache_loc.scalar_type() == at::kLong && out_cache_loc.numel() == tokens,
+              "out_cache_loc must be int64 [tokens]");
+  TORCH_CHECK(k_buffer.dim() == 3 && k_buffer.size(1) == num_kv_heads &&
+                  k_buffer.size(2) == head_dim && k_buffer.scalar_type() == dtype,
+              "k/v buffers must be [slots, num_kv_heads, head_dim] in x's dtype");
+
+  const at::Tensor h = input_norm(x, residual, norm_weight, eps);
+  const at::Tensor qkv = at::empty({tokens, q_size + 2 * kv_size}, x.options());
+  project(h, qkv_w, qkv_qtypes, qkv_bias, qkv);
+  at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, num_heads, head_dim});
+  at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads, head_dim});
+  const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads, head_dim});
+  if (q_norm_weight) {  // Qwen3: RMSNorm over each head, into fresh contiguous q, k
+    const at::Tensor qn = at::empty({tokens * num_heads, head_dim}, x.options());
+    const at::Tensor kn = at::empty({tokens * num_kv_heads, head_dim}, x.options());
+    rms_norm(q.reshape({tokens * num_heads, head_dim}), std::nullopt, *q_norm_weight, eps, qn);
+    rms_norm(k.reshape({tokens * num_kv_heads, head_dim}), std::nullopt, *k_norm_weight, eps, kn);
+    q = qn.view({tokens, num_heads, head_dim});
+    k = kn.view({tokens, num_kv_heads, head_dim});
+  }
+  rotary_neox(q, cos_sin, rotary_dim);
+  rotary_neox(k, cos_sin, rotary_dim);
+  k_buffer.index_copy_(0, out_cache_loc, k);
+  v_buffer.index_copy_(0, out_cache_loc, v);
+  const at::Tensor attn = at::empty({tokens, num_heads, head_dim}, x.options());
+  decode_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, scale,
+                   logit_cap, sliding_window, attn);
+  project(attn.view({tokens, q_size}), o_w, o_qtypes, std::nullopt, out);
+}
+
+void decode_mlp_block(const at::Tensor& x, const at::Tensor& residual,
+                      const at::Tensor& norm_weight, double eps, at::TensorList gate_up_weights,
+                      std::vector<std::string> gate_up_qtypes, at::TensorList down_weights,
+                      std::vector<std::string> down_qtypes, const at::Tensor& out) {
+  check_x(x);
+  const int64_t tokens = x.size(0), hidden = x.size(1);
+  const auto dtype = x.scalar_type();
+  const std::vector<at::Tensor> gu_w(gate_up_weights.begin(), gate_up_weights.end());
+  const std::vector<at::Tensor> d_w(down_weights.begin(), down_weights.end());
+  const int64_t gu_rows = check_projection(gu_w, gate_up_qtypes, hidden, dtype, "gate_up");
+  TORCH_CHECK(gu_rows % 2 == 0, "gate_up must have an even number of rows");
+  TORCH_CHECK(check_projection(d_w, down_qtypes, gu_rows / 2, dtype, "down") == hidden,
+              "down must have hidden rows and take the intermediate size");
+  check_rows(out, "out", tokens, hidden, dtype);
+
+  const at::Tensor h = input_norm(x, residual, norm_weight, eps);
+  const at::Tensor gate_up = at::empty({tokens, gu_rows}, x.options());
+  project(h, gu_w, gate_up_qtypes, std::nullopt, gate_up);
+  const at::Tensor act = at::empty({tokens, gu_rows / 2}, x.options());
+  silu_and_mul(gate_up, act);
+  project(act, d_w, down_qtypes, std::nullopt, out);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(radixflow_cpu, m) {
+  m.def("decode_linear(Tensor x, Tensor[] weights, str[] qtypes, Tensor? bias, Tensor(a!) out) -> ()");
+  m.def(
+      "decode_attention_block(Tensor x, Tensor(a!)? residual, Tensor norm_weight, float eps, "
+      "Tensor[] qkv_weights, str[] qkv_qtypes, Tensor? qkv_bias, Tensor? q_norm_weight, "
+      "Tensor? k_norm_weight, Tensor cos_sin, int rotary_dim, int num_heads, int num_kv_heads, "
+      "int head_dim, Tensor(b!) k_buffer, Tensor(c!) v_buffer, Tensor out_cache_loc, "
+      "Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, float scale, "
+      "float logit_cap, int sliding_window, Tensor[] o_weights, str[] o_qtypes, "
+      "Tensor(d!) out) -> ()");
+  m.def(
+      "decode_mlp_block(Tensor x, Tensor(a!) residual, Tensor norm_weight, float eps, "
+      "Tensor[] gate_up_weights, str[] gate_up_qtypes, Tensor[] down_weights, "
+      "str[] down_qtypes, Tensor(b!) out) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(radixflow_cpu, CPU, m) {
+  m.impl("decode_linear", &decode_linear);
+  m.impl("decode_attention_block", &decode_attention_block);
+  m.impl("decode_mlp_block", &decode_mlp_block);
+}

@@ -1,0 +1,1 @@
+"""Tensor parallelism: the rank group, sharded layers and the worker ranks."""
