@@ -24,7 +24,7 @@ from torch.nn.attention.bias import causal_lower_right
 from triton.testing import do_bench
 
 from radixflow.kernels.bitmask import apply_token_bitmask
-from radixflow.kernels.decode_attention import decode_attention
+from radixflow.kernels.decode_attention import choose_num_kv_splits, decode_attention
 from radixflow.kernels.extend_attention import extend_attention
 from radixflow.kernels.norm import fused_add_rms_norm, rms_norm
 from radixflow.kernels.quant_triton import quant_linear_triton
@@ -119,7 +119,10 @@ def decode_case(batch: int, ctx: int, dtype: torch.dtype, m: Machine) -> Row:
     seq_lens = torch.full((batch,), ctx, device=m.device)
     args = (q, k_buffer, v_buffer, table, rows, seq_lens, SCALE)
     err = rel_error(decode_attention(*args), decode_attention_ref(*args))
-    triton_ms = bench(lambda: decode_attention(*args))
+    # the split count from host-side lengths, as the engine's Triton backend passes it (left
+    # to the kernel, it reads seq_lens.max(): a device sync)
+    splits = choose_num_kv_splits(batch * KV_HEADS, ctx)
+    triton_ms = bench(lambda: decode_attention(*args, num_kv_splits=splits))
 
     def gather_then_sdpa() -> torch.Tensor:
         slots = table[rows, :ctx].long()

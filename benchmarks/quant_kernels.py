@@ -1,15 +1,17 @@
 """The CPU quantized linear (GGUF blocks kept packed) against fp32 F.linear, in one run.
 
-    python benchmarks/quant_kernels.py [--repeats 7] [--threads N] [--rows 1 8 64]
+    python benchmarks/quant_kernels.py [--repeats 7] [--threads N] [--rows 1 8 16 32 64]
 
 For the default model's (SmolLM2-135M) matrix shapes, N x K: o_proj 576x576, gate/up 1536x576,
-down 576x1536 and the tied lm_head 49152x576, and M rows of x: the median time of one matrix
-for torch's F.linear on the dequantized fp32 weight and for `quant_linear` on each qtype (K-quants
-need K a multiple of 256: down only), the weight bytes read per second (packed bytes for the
-kernel, fp32 bytes for F.linear) and the speedup. Each layer shape is timed over 30 distinct
-copies, as the model's 30 layers, so the weights stream from memory rather than sit in cache;
-the lm_head is one matrix. Kernel and F.linear run in turn in every repeat (same load). The
-header gives this machine's copy bandwidth (read + write) as the roofline for M = 1.
+down 576x1536 and the tied lm_head 49152x576, and M rows of x (1: batch-1 decode; 8: the fused
+decode ops' largest batch; 16-64: continuous batching, the batch-invariant register-blocked
+kernel for q4_0/q4_1/q8_0): the median time of one matrix for torch's F.linear on the weight
+dequantized to fp32 at load (what `--quantization none` runs) and for `quant_linear` on each
+qtype (K-quants need K a multiple of 256: down only), the weight bytes read per second (packed
+bytes for the kernel, fp32 bytes for F.linear) and the speedup. Each layer shape is timed over
+30 distinct copies, as the model's 30 layers, so the weights stream from memory rather than sit
+in cache; the lm_head is one matrix. Kernel and F.linear run in turn in every repeat (same
+load). The header gives this machine's copy bandwidth (read + write) as the roofline for M = 1.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 32, 64])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if not quant_linear_available():

@@ -4,10 +4,13 @@ Load mode: Poisson arrivals at several request rates, seeded random prompt/outpu
 streaming /v1/completions; prints throughput, TTFT and inter-token latency p50/p99 per rate.
 With --compare-transformers the same load runs against `transformers serve` on the same model;
 with --dp N against one server and against `radixflow serve --dp-size N` (N replicas behind
-SGLang's router, the `router` extra), both started here with the same --server-args.
+SGLang's router, the `router` extra), and with --tp N against one server and against
+`radixflow serve --tp-size N` (one server, the model sharded over N ranks), all started here
+with the same --server-args.
 
     python benchmarks/serving.py --rates 1,2,4 --num-prompts 24
     python benchmarks/serving.py --rates 2,4 --dp 2
+    python benchmarks/serving.py --rates 2,4 --tp 2
     python benchmarks/serving.py --soak --soak-seconds 120 --clients 200
     python benchmarks/serving.py --soak --adversarial-share 0.2
     python benchmarks/serving.py --soak --compare-adversarial --adversarial-share 0.2
@@ -81,12 +84,14 @@ def wait_ready(url: str, health: str, proc: subprocess.Popen, timeout: float) ->
     raise RuntimeError(f"{url} not ready after {timeout:.0f}s")
 
 
-def launch_radixflow(port: int, extra: list[str], dp_size: int = 1) -> Launched:
+def launch_radixflow(port: int, extra: list[str], dp_size: int = 1, tp_size: int = 1) -> Launched:
     cmd = [sys.executable, "-m", "radixflow", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--log-level", "warning", *extra, "--dp-size", str(dp_size)]
+    cmd += ["--log-level", "warning", *extra, "--dp-size", str(dp_size), "--tp-size", str(tp_size)]
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     wait_ready(url, "/health", proc, 300)
+    if tp_size > 1:
+        return Launched(f"radixflow tp={tp_size}", url, proc)
     if dp_size == 1:
         return Launched("radixflow", url, proc)
     _wait_registered(url, dp_size, proc, 300)
@@ -248,19 +253,20 @@ def load(args: argparse.Namespace, servers: list[tuple[str, str, str, dict]]) ->
     return rows
 
 
-def print_dp_ratios(rows: list[list[object]], dp_name: str) -> None:
-    """The replicas' figures over one server's, per request rate (same load, same prompts)."""
+def print_ratios(rows: list[list[object]], name: str) -> None:
+    """Server `name`'s figures over one plain server's, per request rate (same load, same
+    prompts)."""
     by_key = {(row[0], row[1]): row for row in rows}
-    for (name, rate), row in by_key.items():
+    for (server, rate), row in by_key.items():
         one = by_key.get(("radixflow", rate))
-        if name != dp_name or one is None:
+        if server != name or one is None:
             continue
         ratios = [
             f"{HEADERS[i]} x{float(str(row[i])) / float(str(one[i])):.2f}"
             for i in (3, 4, 5, 7)  # req/s, out tok/s, TTFT p50, ITL p50
             if float(str(one[i])) > 0
         ]
-        print(f"{dp_name} / one server at {rate} req/s: {', '.join(ratios)}")
+        print(f"{name} / one server at {rate} req/s: {', '.join(ratios)}")
 
 
 # -- main -------------------------------------------------------------------------------------
@@ -286,6 +292,11 @@ def main() -> int:
         help="run the load against one server and against `--dp-size N` replicas (both "
         "started here)",
     )  # fmt: skip
+    parser.add_argument(
+        "--tp", type=int, default=None, metavar="N",
+        help="run the load against one server and against one with `--tp-size N` (both "
+        "started here)",
+    )  # fmt: skip
     parser.add_argument("--soak", action="store_true", help="run the soak test instead")
     parser.add_argument("--soak-seconds", type=float, default=120.0)
     parser.add_argument("--clients", type=int, default=200)
@@ -306,9 +317,12 @@ def main() -> int:
         "the normal clients' latencies",
     )  # fmt: skip
     args = parser.parse_args()
-    if args.dp is not None and (args.url or args.soak or args.compare_adversarial):
-        parser.error("--dp starts its own servers for the load mode: not with --url, --soak "
-                     "or --compare-adversarial")  # fmt: skip
+    for flag, value in (("--dp", args.dp), ("--tp", args.tp)):
+        if value is not None and (args.url or args.soak or args.compare_adversarial):
+            parser.error(f"{flag} starts its own servers for the load mode: not with --url, "
+                         "--soak or --compare-adversarial")  # fmt: skip
+        if value is not None and value < 2:
+            parser.error(f"{flag} needs N >= 2 (N = 1 is the plain server), got {value}")
 
     launched: list[Launched] = []
     try:
@@ -322,12 +336,14 @@ def main() -> int:
             return 0 if soak(args, url) else 1
         info = httpx.get(url + "/get_model_info", timeout=30).json()
         servers = [("radixflow", url, info["served_model_name"], {"ignore_eos": True})]
-        dp_name = None
-        if args.dp is not None:
-            dp = launch_radixflow(args.port + 2, args.server_args.split(), args.dp)
-            dp_name = dp.name
-            launched.append(dp)
-            servers.append((dp.name, dp.url, info["served_model_name"], {"ignore_eos": True}))
+        compared = []  # the parallel servers, each set beside the plain one
+        for offset, dp_size, tp_size in ((2, args.dp or 1, 1), (3, 1, args.tp or 1)):
+            if dp_size == tp_size == 1:
+                continue
+            other = launch_radixflow(args.port + offset, args.server_args.split(), dp_size, tp_size)
+            launched.append(other)
+            compared.append(other.name)
+            servers.append((other.name, other.url, info["served_model_name"], {"ignore_eos": True}))
         if args.compare_transformers:
             dtype = httpx.get(url + "/server_info", timeout=30).json()["dtype"]
             # a GGUF's converted folder holds packed weights: transformers loads its float twin
@@ -341,8 +357,8 @@ def main() -> int:
                 launched.append(peer)
                 servers.append((peer.name, peer.url, info["model_path"], {}))
         rows = load(args, servers)
-        if dp_name is not None:
-            print_dp_ratios(rows, dp_name)
+        for name in compared:
+            print_ratios(rows, name)
         if args.compare_transformers and len(servers) > 1:
             print("transformers serve gets no ignore_eos, so its outputs may end early; "
                   "out tok/s counts the tokens each server actually produced")  # fmt: skip

@@ -379,15 +379,20 @@ class GrammarAutomaton:
                 if v >= 0:
                     succ_sets.append(self._successors(node, v))
             codes.append(np.asarray(ids).take(inverse.reshape(-1)))
-        out = np.full(256, -1, dtype=np.int32)
-        if codes:
-            groups: dict[tuple[int, ...], list[int]] = {}
-            for byte, column in enumerate(np.stack(codes, axis=1).tolist()):
-                groups.setdefault(tuple(column), []).append(byte)
-            for column, where in groups.items():
-                elems = frozenset().union(*(succ_sets[c] for c in column if c >= 0))
-                out[where] = self._intern(elems)
-        return out
+        if not codes:
+            return np.full(256, -1, dtype=np.int32)
+        # A group id per byte, equal where the columns are (renumbered densely after each
+        # element, so the mixed-radix key stays small), then one state per group.
+        group = codes[0]
+        for more in codes[1:]:
+            key = (group + 1) * (len(succ_sets) + 1) + (more + 1)
+            group = np.unique(key, return_inverse=True)[1].reshape(-1)
+        _, first, inverse = np.unique(group, return_index=True, return_inverse=True)
+        ids = [
+            self._intern(frozenset().union(*(succ_sets[c] for c in column if c >= 0)))
+            for column in np.stack(codes).take(first, axis=1).T.tolist()
+        ]
+        return np.asarray(ids, dtype=np.int32).take(inverse.reshape(-1))
 
     def row(self, state: int) -> np.ndarray:
         return self.states.row(state, self._compute_row)

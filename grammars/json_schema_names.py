@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .nfa import Deadline
-from .regex_algebra import ANY_CHAR, combine
+from .regex_algebra import ANY_CHAR, combine, overlaps
 from .regex_ir import Chars, parse_search_regex, star
-from .regex_terms import NEVER, NEVER_TERM, Terms
+from .regex_terms import NEVER_TERM, Terms
 
 MAX_PATTERN_CLASSES = 256  # sets of patternProperties patterns that some name matches exactly
 ANY_NAME = star(Chars(ANY_CHAR))
@@ -70,8 +70,8 @@ class PatternNames:
         """Whether some name matches every pattern in `group`."""
         got = self._meets.get(group)
         if got is None:
-            irs = [self.irs[i] for i in sorted(group)]
-            got = self._meets[group] = combine(irs, all, self.deadline) is not NEVER
+            starts = [self._starts[i] for i in sorted(group)]
+            got = self._meets[group] = overlaps(self._terms, starts)
         return got
 
     def names(self, chosen: tuple[bool, ...]):

@@ -31,8 +31,11 @@ as it is built and the budget's clock bounds the work.
 
 The DFA is built on demand: a state is the set of NFA states with byte edges or tags in an
 epsilon closure, interned to an int; its 256-entry row of successors (-1 = dead) is computed
-the first time someone asks for it. (One module past 400 lines: the DFA's closure and the
-NFA's lazily made moves, lifts and pruning are two halves of one construction.)
+the first time someone asks for it. NFA moves and edges and DFA states are tuples of ints,
+which Python's cyclic garbage collector stops tracking: a cached grammar holds hundreds of
+thousands of them, and as lists or sets each full collection would walk them all. (One
+module past 400 lines: the DFA's closure and the NFA's lazily made moves, lifts and pruning
+are two halves of one construction.)
 """
 
 from __future__ import annotations
@@ -90,13 +93,14 @@ class NFA:
         self.nbytes = 0
         self.facts = IrFacts(self.check, lambda ranges: not _sequences(ranges))
         # None: not made yet (a lifted state's moves or edges, made on first use)
-        self._eps: list[list[int] | None] = []
-        self._edges: list[list[tuple[int, int, int]] | None] = []
+        self._eps: list[tuple[int, ...] | None] = []
+        self._edges: list[tuple[tuple[int, int, int], ...] | None] = []
         self._todo: dict[int, tuple[object, object, int]] = {}  # state -> (node, arg, next)
         self._ids: dict[tuple, int] = {}  # (id(node), arg, next) -> state
         self._shared: dict[tuple, int] = {}  # character states by ranges and continuation
         self._ends: dict[int, int] = {}  # id(counted node) -> the end state of its body
-        self._bodies: dict[tuple, tuple[object, int]] = {}  # (id(node), ranges) -> (IR, start)
+        self._body_irs: dict[tuple, object] = {}  # (id(node), ranges) -> IR of one count
+        self._bodies: dict[tuple, int] = {}  # (id(node), ranges) -> start, ending in node's end
         self._lifts: dict[tuple[int, int, int], int] = {}  # (state, end, target) -> lifted
         self._lifted: dict[int, tuple[int, int, int]] = {}  # lifted -> (state, end, target)
         self._order: dict[int, tuple[tuple, int]] = {}  # counter -> (its counter, its count)
@@ -123,8 +127,8 @@ class NFA:
                 "MAX_NFA_STATES", f"more than {MAX_NFA_STATES} NFA states, the limit per grammar"
             )
         self._charge(_NFA_STATE_BYTES)
-        self._eps.append(None if lazy else [])
-        self._edges.append(None if lazy else [])
+        self._eps.append(None if lazy else ())
+        self._edges.append(None if lazy else ())
         return len(self._eps) - 1
 
     def add(self, node, nxt: int) -> int:
@@ -141,7 +145,7 @@ class NFA:
             self._counter(node, 0, nxt) if isinstance(node, Repeat) else self._state(node, 0, nxt)
         )
 
-    def moves(self, state: int) -> list[int]:
+    def moves(self, state: int) -> tuple[int, ...]:
         """The epsilon moves of `state`, made now if they were not yet."""
         eps = self._eps[state]
         if eps is None:
@@ -151,7 +155,7 @@ class NFA:
             eps = self._node_moves(state, todo)
         return eps
 
-    def edges(self, state: int) -> list[tuple[int, int, int]]:
+    def edges(self, state: int) -> tuple[tuple[int, int, int], ...]:
         """The byte edges (lo, hi, target) of `state`."""
         edges = self._edges[state]
         if edges is None:
@@ -184,7 +188,7 @@ class NFA:
         out.extend(s for s, _count in best.values())
         return out
 
-    def _node_moves(self, state: int, todo: tuple[object, object, int]) -> list[int]:
+    def _node_moves(self, state: int, todo: tuple[object, object, int]) -> tuple[int, ...]:
         node, arg, nxt = todo
         if isinstance(node, Seq):
             out = [self.add(node.items[arg], self._rest(node, arg + 1, nxt))]
@@ -194,12 +198,12 @@ class NFA:
             out = self._repeat_moves(node, arg, nxt)
         else:
             out = self._dfa_moves(node, arg, nxt)
-        live = [t for t in out if t >= 0]
+        live = tuple(t for t in out if t >= 0)
         self._charge(8 * len(live))
         self._eps[state] = live
         return live
 
-    def _unwrap(self, state: int, moves: bool) -> list:
+    def _unwrap(self, state: int, moves: bool) -> tuple:
         """Moves (or edges) of a lifted state: down its lifts (a loop, however deep they nest)
         to a state whose list is made, then back up, lifting the list once per level."""
         lists = self._eps if moves else self._edges
@@ -211,10 +215,10 @@ class NFA:
         for lifted in reversed(chain):
             _x, end, target = self._lifted[lifted]
             if moves:
-                inner = [target if t == end else self._lift(t, end, target) for t in inner]
+                inner = tuple(target if t == end else self._lift(t, end, target) for t in inner)
             else:
-                inner = [(lo, hi, target if t == end else self._lift(t, end, target))
-                         for lo, hi, t in inner]  # fmt: skip
+                inner = tuple((lo, hi, target if t == end else self._lift(t, end, target))
+                              for lo, hi, t in inner)  # fmt: skip
             lists[lifted] = inner
             self._charge((8 if moves else _EDGE_BYTES) * len(inner))
         return inner
@@ -272,19 +276,36 @@ class NFA:
             got = self._ends[id(node)] = self.new_state()
         return got
 
-    def _body(self, node: Repeat | Dfa, ranges: Ranges | None) -> int:
-        """Start of what `node` reads for one count (a Repeat's body; what a Dfa reads for the
-        code points `ranges`), built once and ending in `node`'s end state; -1 if it matches
-        nothing."""
+    def _body_ir(self, node: Repeat | Dfa, ranges: Ranges | None):
+        """IR of what `node` reads for one count: a Repeat's body (`ranges` None), what a Dfa
+        reads for the code points `ranges`; made once, so that its NFA states are shared."""
         key = (id(node), ranges)
-        got = self._bodies.get(key)
+        got = self._body_irs.get(key)
         if got is None:
             if ranges is None:
-                ir = self.facts.counted(node)[0]
+                got = self.facts.counted(node)[0]
             else:
-                ir = Chars(ranges) if node.spell is None else node.spell(Chars(ranges))
-            got = self._bodies[key] = (ir, self.add(ir, self._end(node)))
-        return got[1]
+                got = Chars(ranges) if node.spell is None else node.spell(Chars(ranges))
+            self._body_irs[key] = got
+        return got
+
+    def _copy(self, node: Repeat | Dfa, ranges: Ranges | None, target: int) -> int:
+        """State reading one count of `node` (see `_body_ir`), then going on to `target`; -1 if
+        it matches nothing.
+
+        Where counts run past 1 (a bounded repeat such as `x{0,300}`), the body is built once,
+        ending in `node`'s end state, and lifted to each count's target. Where they do not
+        (`x*`, `x+` and unbounded Dfas stop counting at their minimum; `x?` counts to 1), each
+        target is reached from few places, and building the body straight into it saves the
+        lifting, which nested repeats (free JSON values) would otherwise stack level on level.
+        """
+        if node.hi is None or node.hi <= 1:
+            return self.add(self._body_ir(node, ranges), target)
+        key = (id(node), ranges)
+        start = self._bodies.get(key)
+        if start is None:
+            start = self._bodies[key] = self.add(self._body_ir(node, ranges), self._end(node))
+        return -1 if start < 0 else self._lift(start, self._end(node), target)
 
     def _repeat_moves(self, node: Repeat, k: int, nxt: int) -> list[int]:
         """Moves after k copies: out when k is enough, into one more copy when allowed."""
@@ -292,9 +313,9 @@ class NFA:
         out = [nxt] if k >= lo else []
         if body is not None and (hi is None or k < hi):
             more = k + 1 if hi is not None or k < lo else k  # unbounded: count only to lo
-            start = self._body(node, None)
+            start = self._copy(node, None, self._counter(node, more, nxt))
             if start >= 0:
-                out.append(self._lift(start, self._end(node), self._counter(node, more, nxt)))
+                out.append(start)
         return out
 
     def _dfa_moves(self, node: Dfa, arg: tuple[int, int], nxt: int) -> list[int]:
@@ -304,10 +325,9 @@ class NFA:
         more = count + 1 if node.hi is not None or count < node.lo else count
         for ranges, t in table.moves[s]:
             if table.live(t, more, node.lo, node.hi, self.check):
-                start = self._body(node, ranges)
+                start = self._copy(node, ranges, self._counter(node, (t, more), nxt))
                 if start >= 0:
-                    target = self._counter(node, (t, more), nxt)
-                    out.append(self._lift(start, self._end(node), target))
+                    out.append(start)
         return out
 
     def _chars(self, ranges: Ranges, nxt: int) -> int:
@@ -320,11 +340,10 @@ class NFA:
             self._shared[key] = -1
             return -1
         start = self._shared[key] = self.new_state()
-        edges = self._edges[start]
-        for seq in sequences:
-            lo, hi = seq[0]
-            target = nxt if len(seq) == 1 else self._tail(seq[1:], nxt)
-            edges.append((lo, hi, target))
+        self._edges[start] = tuple(
+            (seq[0][0], seq[0][1], nxt if len(seq) == 1 else self._tail(seq[1:], nxt))
+            for seq in sequences
+        )
         self._charge(len(sequences) * _EDGE_BYTES + DICT_ENTRY_BYTES)
         return start
 
@@ -335,7 +354,7 @@ class NFA:
         if got is None:
             target = nxt if len(ranges) == 1 else self._tail(ranges[1:], nxt)
             got = self._shared[key] = self.new_state()
-            self._edges[got].append((ranges[0][0], ranges[0][1], target))
+            self._edges[got] = ((ranges[0][0], ranges[0][1], target),)
             self._charge(_EDGE_BYTES + DICT_ENTRY_BYTES)
         return got
 
@@ -352,11 +371,11 @@ class LazyDFA:
         self.nfa = nfa
         self.budget = budget or GrammarBudget()
         nfa.budget = self.budget
-        self._by_targets: dict[frozenset[int], int] = {}
+        self._by_targets: dict[tuple[int, ...], int] = {}
         self.states = StateRows(self.budget, "NFA states")
         self.sets = self.states.sets
 
-    def closure(self, states: frozenset[int]) -> frozenset[int]:
+    def closure(self, states: tuple[int, ...]) -> tuple[int, ...]:
         """NFA states with byte edges or tags reachable from `states` by epsilon moves, less
         the counted ones another subsumes (`NFA.prune`)."""
         # One search from all of them: closures of single states overlap (nested optional
@@ -375,11 +394,11 @@ class LazyDFA:
                     seen.add(t)
                     stack.append(t)
         tags = nfa.tags
-        return frozenset(nfa.prune([s for s in seen if nfa.has_edges(s) or s in tags]))
+        return tuple(sorted(nfa.prune([s for s in seen if nfa.has_edges(s) or s in tags])))
 
     def intern(self, nfa_states) -> int:
         """DFA id of the closure of `nfa_states` (negative ones ignored); -1 when empty."""
-        targets = frozenset(s for s in nfa_states if s >= 0)
+        targets = tuple(sorted({s for s in nfa_states if s >= 0}))
         got = self._by_targets.get(targets)
         if got is not None:
             return got
@@ -393,13 +412,19 @@ class LazyDFA:
         return self.states.row(state, self._compute_row)
 
     def _compute_row(self, state: int) -> np.ndarray:
+        edges = sorted(e for s in self.sets[state] for e in self.nfa.edges(s))
+        row = np.full(256, -1, dtype=np.int32)
+        if all(e[1] < f[0] for e, f in zip(edges, edges[1:], strict=False)):
+            # No two edges share a byte (a literal, a character class): one target each.
+            for lo, hi, t in edges:
+                got = self._by_targets.get((t,))
+                row[lo : hi + 1] = self.intern((t,)) if got is None else got
+            return row
         # Sweep the byte axis: targets enter at an edge's low byte and leave after its high one.
         events: dict[int, list[tuple[int, int]]] = {}
-        for s in self.sets[state]:
-            for lo, hi, t in self.nfa.edges(s):
-                events.setdefault(lo, []).append((t, 1))
-                events.setdefault(hi + 1, []).append((t, -1))
-        row = np.full(256, -1, dtype=np.int32)
+        for lo, hi, t in edges:
+            events.setdefault(lo, []).append((t, 1))
+            events.setdefault(hi + 1, []).append((t, -1))
         active: dict[int, int] = {}
         points = sorted(events)
         for a, b in zip(points, points[1:], strict=False):

@@ -211,6 +211,36 @@ def combine(
     return NEVER if table is None else Dfa(table, 0)
 
 
+def overlaps(terms: Terms, starts: Sequence[int]) -> bool:
+    """Whether some word is in the language of every term in `starts`: `combine(..., all) is
+    not NEVER` without building the product automaton. A depth-first search of the product
+    that stops at the first such word and drops a product state as soon as one of its terms
+    is the empty language (patterns that exclude each other, the usual case, end on their
+    first character); raises past `MAX_STATES` states, as `explore` would."""
+    start = tuple(starts)
+    if NEVER_TERM in start:
+        return False
+    seen = {start}
+    stack = [start]
+    while stack:
+        terms.deadline.check()
+        state = stack.pop()
+        if all(terms.nullable(t) for t in state):
+            return True
+        for block in terms.classes(state, with_rest=False):
+            nxt = tuple(terms.deriv(t, block[0][0]) for t in state)
+            if NEVER_TERM in nxt or nxt in seen:
+                continue
+            if len(seen) >= MAX_STATES:
+                raise ValueError(
+                    f"the combined regular expression needs more than {MAX_STATES} states "
+                    "(the default of grammar_max_states)"
+                )
+            seen.add(nxt)
+            stack.append(nxt)
+    return False
+
+
 def explore(
     terms: Terms, start: tuple[int, ...], accept: Callable[[tuple[bool, ...]], bool]
 ) -> DfaTable | None:

@@ -5,10 +5,19 @@
 (kernels/quant_formats.py). Each block is decoded in registers to fp32 weights (exactly gguf's
 values, up to one fused rounding of `d * q + m`), so the result is `F.linear` on the
 dequantized weight with fp32 sums, rounded once to x's dtype: within fp32 summation-order error
-(relative ~1e-6) for float32 x, one bf16 rounding (2^-8 relative) for bfloat16 x. Up to
-`MAX_ROWS` rows of x (decode) stream the packed bytes once, all rows of x against each weight
-row; more rows (prefill) dequantize a tile of weight rows that fits L2 and multiply it with one
-sgemm. The torch twin is `radixflow.kernels.reference.quant_linear_ref`.
+(relative ~1e-6) for float32 x, one bf16 rounding (2^-8 relative) for bfloat16 x.
+
+    q4_0 q4_1 q8_0, up to MAX_BLOCKED_ROWS rows   register-blocked, tiles of 8 rows of x;
+                                                  batch invariant (below)
+    q4_k q6_k, up to MAX_ROWS rows                the packed bytes streamed once for all rows
+    more rows (prefill)                           a tile of weight rows that fits L2 decoded to
+                                                  fp32, one sgemm per tile
+
+Batch invariant: for q4_0, q4_1 and q8_0 with up to `MAX_BLOCKED_ROWS` rows, each output is
+summed in one fixed order whatever the number of rows, by the kernel the fused decode ops
+(kernels/decode_layer.py) run too; a row of x gives the same bits alone, in a batch of 40 or
+through `decode_linear`, so a request's tokens do not depend on the requests batched with it.
+The torch twin is `radixflow.kernels.reference.quant_linear_ref`.
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ from radixflow.kernels.quant_formats import QTYPES, check_packed
 
 __all__ = [
     "DTYPES",
+    "BLOCKED_QTYPES",
+    "MAX_BLOCKED_ROWS",
     "MAX_ROWS",
     "QTYPES",
     "check_quant_linear_args",
@@ -27,7 +38,10 @@ __all__ = [
     "quant_linear_available",
 ]
 
-MAX_ROWS = 8  # rows of x taken by the streaming matvec; more go to the tiled matmul
+MAX_ROWS = 8  # q4_k, q6_k: rows of x taken by the streaming matvec; more go to the sgemm
+BLOCKED_QTYPES = frozenset({"q4_0", "q4_1", "q8_0"})  # run by the batch-invariant kernel
+MAX_BLOCKED_ROWS = 128  # rows of x it takes (quant_linear.cpp kMaxBlockedRows): every decode
+# batch up to the default max_running_requests
 DTYPES = (torch.float32, torch.bfloat16)
 
 

@@ -192,5 +192,6 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        self.backend.init_forward_metadata(batch)
+        if not self.model.decode_stack.applies(batch):  # the fused layers read the batch itself
+            self.backend.init_forward_metadata(batch)
         return self.model(batch)

@@ -4,6 +4,7 @@ Languages are checked against `re.fullmatch` (and `regex` partial matches for li
 on random strings; laziness is checked on the number of NFA states built, not on time.
 """
 
+import gc
 import random
 import re
 
@@ -54,6 +55,25 @@ def test_bounded_repeats_match_re(pattern, alphabet, lengths):
     words = around(rng, alphabet, lengths)
     words += [alphabet[0] * n for n in lengths]
     words += [alphabet[:2] * n for n in lengths] + [alphabet[:2] + alphabet[-1] * n for n in (1, 2)]
+    check_against_re(pattern, words)
+
+
+@pytest.mark.parametrize(
+    "pattern,alphabet",
+    [
+        ("(a*b?)*c", "abc"),
+        ("((ab)+|c?)*d?", "abcd"),
+        ("(x(y?z*)+)?w", "xyzw"),
+        ("(é?[^a]*)+a", "éab"),
+        ("(a?(b(c(d)*)*)*)*e", "abcde"),
+        ("(ab?){2,4}(c*d){1,}", "abcd"),
+    ],
+)
+def test_stars_and_optionals_nested_in_counters_match_re(pattern, alphabet):
+    # Repeats that stop counting (`*`, `+`, `?`) build their bodies into their continuation;
+    # bounded ones around or inside them still count.
+    rng = random.Random(pattern)
+    words = around(rng, alphabet, [1, 2, 3, 5, 8, 13], per=20)
     check_against_re(pattern, words)
 
 
@@ -150,3 +170,32 @@ def test_long_string_bounds_compile_and_mask_lazily(compiler, schema):
     nfa = grammar.automaton.dfa.nfa
     assert len(nfa) < 300, len(nfa)  # what the first mask visits, not the bound
     assert len(grammar.automaton.dfa.sets) < 50
+
+
+def test_automaton_tables_leave_the_cyclic_garbage_collector(compiler):
+    # A cached grammar holds NFA moves and edges and DFA states by the hundred thousand; kept
+    # as tuples of ints they are not tracked, so Python's full collections, which stall
+    # whatever compile or mask runs at the time, do not grow with the grammar cache.
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 1000},
+            "tags": {"type": "array", "items": {"enum": ["alpha", "beta", "gamma"]}},
+        },
+    }
+    tok = tiny_tokenizer()
+    compiler.clear_cache()
+    gc.collect()
+    gc.collect()
+    before = len(gc.get_objects())
+    grammar = compiler.compile_json_schema(schema)
+    matcher = grammar.matcher()
+    text = '{"name":"' + "ab" * 200 + '","tags":["beta"]}'  # a count per character
+    for t in tok.encode(text, add_special_tokens=False):
+        matcher.next_token_mask()
+        assert matcher.accept(t)
+    gc.collect()
+    gc.collect()
+    nfa_states = len(grammar.automaton.dfa.nfa)
+    assert nfa_states > 5_000
+    assert len(gc.get_objects()) - before < nfa_states // 2

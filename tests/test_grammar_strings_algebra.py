@@ -14,9 +14,9 @@ from tiny_models import tiny_tokenizer
 
 from radixflow.grammars import GrammarCompiler
 from radixflow.grammars.automaton import RegexAutomaton
-from radixflow.grammars.regex_algebra import combine, exclude_words, restrict_length
+from radixflow.grammars.regex_algebra import combine, exclude_words, overlaps, restrict_length
 from radixflow.grammars.regex_ir import parse_search_regex
-from radixflow.grammars.regex_terms import NEVER
+from radixflow.grammars.regex_terms import NEVER, Terms
 
 
 def words_near(rng: random.Random, alphabet: str, lengths: list[int]) -> list[str]:
@@ -89,6 +89,28 @@ def test_pattern_properties_combinations_are_exact():
         for w in words:
             got = tuple(re.search(p, w) is not None for p in PROPERTY_PATTERNS)
             assert accepts(auto, w) == (got == want), (want, w)
+
+
+OVERLAP_PATTERNS = [
+    *PROPERTY_PATTERNS, *PATTERNS, r"^name:(en|nl)$", r"^contacts:([0-3]{1}):surName$",
+    r"^x-", r"^[^x]", r"^$", r"(ab)*$", r"^(a|b)*a$",
+]  # fmt: skip
+
+
+def test_overlaps_agrees_with_the_product_automaton():
+    # The search's slow twin: building the whole product and asking whether it is empty.
+    irs = [parse_search_regex(p) for p in OVERLAP_PATTERNS]
+    groups = [*itertools.combinations(range(len(irs)), 2), *itertools.combinations(range(6), 3)]
+    terms = Terms()
+    starts = [terms.term(ir) for ir in irs]
+    found = 0
+    for group in groups:
+        want = combine([irs[i] for i in group], all) is not NEVER
+        assert overlaps(terms, [starts[i] for i in group]) == want, [
+            OVERLAP_PATTERNS[i] for i in group
+        ]
+        found += want
+    assert 0 < found < len(groups)  # both answers occur
 
 
 def test_exclude_words_after_a_combination():

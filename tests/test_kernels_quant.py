@@ -1,5 +1,7 @@
 """The compiled CPU quantized linear (GGUF blocks kept packed) against gguf's own dequantize
-followed by F.linear, for every qtype, the decode (M <= 8) and prefill (M > 8) paths."""
+followed by F.linear, for every qtype and each path (the K-quants' matvec, the register-blocked
+q4_0/q4_1/q8_0 kernel, the tiled sgemm of prefill); the blocked kernel gives a row of x the same
+bits whatever rows share its call, and the same as the fused decode op."""
 
 from __future__ import annotations
 
@@ -10,7 +12,14 @@ import torch
 import torch.nn.functional as F
 
 from radixflow.kernels.cpu_build import current_choice
-from radixflow.kernels.quant_linear import MAX_ROWS, QTYPES, quant_linear
+from radixflow.kernels.decode_layer import Projection, decode_linear
+from radixflow.kernels.quant_linear import (
+    BLOCKED_QTYPES,
+    MAX_BLOCKED_ROWS,
+    MAX_ROWS,
+    QTYPES,
+    quant_linear,
+)
 from radixflow.kernels.reference import quant_linear_ref
 from radixflow.kernels.testing import random_gguf_weight, relative_error
 
@@ -22,7 +31,7 @@ pytestmark = pytest.mark.skipif(
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 DTYPES = list(TOLERANCE)
 BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q4_k": 256, "q6_k": 256}
-ROWS = [1, 3, MAX_ROWS, MAX_ROWS + 1, 64]
+ROWS = [1, 3, MAX_ROWS, MAX_ROWS + 1, MAX_BLOCKED_ROWS, MAX_BLOCKED_ROWS + 1]
 
 
 @functools.cache
@@ -61,7 +70,28 @@ def test_every_decode_row_count_on_a_model_shape(qtype):
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_prefill_spans_several_weight_tiles(qtype):
     # 1 MiB fp32 tiles of K = 2048 hold 128 rows: 300 rows take three, the last one ragged
-    check(qtype, 17, 300, 2048, torch.float32, with_bias=True)
+    check(qtype, MAX_BLOCKED_ROWS + 1, 300, 2048, torch.float32, with_bias=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("qtype", sorted(BLOCKED_QTYPES))
+def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(qtype, dtype):
+    # continuous batching must not change a request's tokens: its row of x gives the same
+    # output alone, in batches of any size (full tiles of 8 rows and a ragged one) and through
+    # the fused decode op; N = 193 leaves a ragged step of packed rows
+    n, k = 193, 1536
+    packed, _ = weight(qtype, n, k)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(MAX_BLOCKED_ROWS, k, generator=gen).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype)
+    alone = torch.cat([quant_linear(x[i : i + 1], packed, qtype, k, bias) for i in range(len(x))])
+    for rows in (2, 5, 8, 16, 40, MAX_BLOCKED_ROWS):
+        assert torch.equal(quant_linear(x[:rows], packed, qtype, k, bias), alone[:rows]), rows
+        assert torch.equal(quant_linear(x[-rows:], packed, qtype, k, bias), alone[-rows:]), rows
+    for rows in (1, 5, 8):
+        fused = decode_linear(x[:rows], Projection((packed,), (qtype,), bias))
+        assert torch.equal(fused, alone[:rows]), rows
+    check(qtype, MAX_BLOCKED_ROWS, n, k, dtype, with_bias=True)
 
 
 @pytest.mark.parametrize("rows", [2, 12])

@@ -236,6 +236,31 @@ def test_grammar_masks_the_sample_and_jump_forward_completes_it(tok, grammars, b
     assert req.kv.length == req.fill_len - len(req.output_ids)  # forced tokens still to feed
 
 
+def test_a_lone_row_is_masked_and_adjusted_without_writing_the_forwards_logits(
+    tok, grammars, builder
+):
+    """The forward's logits are an inference tensor with exactly the sampled rows in a batch-1
+    decode step: a grammar must still mask its row and the sampler apply bias and penalties,
+    and neither may write the forward's tensor."""
+    proc = _processor(tok, grammars)
+    text = "The quick brown fox"
+    constrained = _req(builder, [5, 6], {"max_new_tokens": 32, "regex": text})
+    params = {"max_new_tokens": 4, "logit_bias": {31: 50.0}, "repetition_penalty": 1.5}
+    adjusted = _req(builder, [5, 6], params)
+    plain = _req(builder, [5, 6], {"max_new_tokens": 4})
+    for req, check in (
+        (constrained, lambda ids: text.startswith(tok.decode(ids)) and ids != [30]),
+        (adjusted, lambda ids: ids == [31]),
+        (plain, lambda ids: ids == [30]),
+    ):
+        with torch.inference_mode():
+            forward_logits = _peaked(1, len(tok), [30])
+        before = forward_logits.clone()
+        _run(proc, [req], [2], lambda r, logits=forward_logits: logits)
+        assert check(req.output_ids), req.output_ids
+        assert torch.equal(forward_logits, before)
+
+
 def test_verify_appends_accepted_drafts_and_the_correction(tok, grammars, builder):
     proc = _processor(tok, grammars, speculator=_speculator(tok))
     req = _req(builder, [5, 6, 7], {"max_new_tokens": 16})

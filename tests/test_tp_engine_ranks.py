@@ -1,4 +1,4 @@
-"""Tensor-parallel processes: n-gram speculation at tp=2, two "nodes" on loopback, startup
+"""Tensor-parallel processes: n-gram and draft-model speculation at tp=2, two "nodes" on loopback, startup
 errors from any rank, a worker killed mid-generation (requests fail, the engine and the
 server stop: never a hang), rank 0 killed (the workers exit), `radixflow serve --tp-size 2`.
 
@@ -20,11 +20,14 @@ import httpx
 import pytest
 import torch
 from kv_checks import assert_kv_released
+from test_speculative_draft import assert_draft_kv_released
 from tiny_models import make_tiny_model_dir
 
 import radixflow as rf
 from radixflow.runtime.cli import main
 from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.distributed.layout import TPLayout
+from radixflow.runtime.speculative.layer_skip import write_layer_skip_draft
 
 COMMON = {"dtype": "float32", "max_total_tokens": 2048, "num_threads": 1}
 GREEDY = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
@@ -76,6 +79,14 @@ def _spawned_children(pid: int) -> list[int]:
 
 
 # -- configuration ------------------------------------------------------------------------
+def test_cpu_ranks_of_a_node_split_its_cores_and_memory():
+    config = EngineConfig(device="cpu", tp_size=4, nnodes=2, dist_init_addr="h:1")
+    layout = TPLayout.of(config)
+    ranks = [layout.rank_config(config, r) for r in layout.local_ranks]
+    assert all(r.mem_fraction_static == config.mem_fraction_static / 2 for r in ranks)
+    assert all(r.num_threads >= 1 and r.device == "cpu" for r in ranks)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -108,14 +119,34 @@ def test_ngram_speculation_at_tp2_gives_the_plain_tokens(model_dir, reference):
         assert_kv_released(engine)
 
 
-def test_a_shape_that_does_not_shard_is_one_error_from_the_constructor(tmp_path):
+def test_draft_model_speculation_at_tp2_gives_the_plain_tokens(model_dir, reference, tmp_path):
+    """The draft runs whole on rank 0 (its proposals are the scheduler's business); only the
+    target's verifying forward is sharded."""
+    prompts, expected = reference
+    draft = write_layer_skip_draft(model_dir, tmp_path / "draft", num_layers=1)
+    spec = {"speculative_algorithm": "draft", "speculative_draft_model": str(draft)}
+    with rf.Engine(str(model_dir), tp_size=2, **spec, **COMMON) as engine:
+        assert engine.speculator.proposer.runner.tp.size == 1
+        outs = engine.generate(input_ids=prompts, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == expected
+        stats = engine.stats
+        assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"]
+        assert_kv_released(engine)
+        assert_draft_kv_released(engine)
+
+
+def test_a_shape_that_does_not_shard_is_one_error_from_the_constructor(tmp_path, capsys):
     path = make_tiny_model_dir(
         tmp_path, "llama", seed=1, hidden_size=48, num_attention_heads=3, num_key_value_heads=3
     )
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"tensor-parallel startup failed: rank 0: .*rank 1: "):
+    with pytest.raises(ValueError, match=r"tensor-parallel startup failed: rank 0: .*rank 1: "):
         rf.Engine(str(path), tp_size=2, **COMMON)
     assert time.monotonic() - start < DEATH_BOUND_S
+    # the server's command line says it as any other bad knob: one line, exit code 2
+    knobs = [f"--{k.replace('_', '-')}={v}" for k, v in COMMON.items()]
+    assert main(["serve", "--model-path", str(path), "--tp-size", "2", *knobs]) == 2
+    assert "radixflow: error: tensor-parallel startup failed" in capsys.readouterr().err
     with rf.Engine(str(path), **COMMON) as engine:  # the group is gone: a new engine starts
         assert engine.generate(input_ids=[5, 6], sampling_params=GREEDY)["output_ids"]
 

@@ -11,178 +11,28 @@
 // dispatcher; a projection is a list of segments (output rows of one kind each), run by
 //
 //     ""              float weight [rows, K] in x's dtype    -> small_linear
-//     q4_0 q4_1 q8_0  packed 32-weight blocks                -> this file's matvec, below
+//     q4_0 q4_1 q8_0  packed 32-weight blocks                -> quant_blocks.h's packed_matmul
 //     other qtypes    packed (K-quants)                      -> quant_linear
 //
-// The matvec decodes each block in registers: on AVX-512 a 4-bit block's 16 possible weights
-// d q + m are one vector (fma of 0..15 by d, m: the same single rounding as gguf and
-// quant_linear) and its nibbles index it with one permute per 16 weights; elsewhere the
-// nibbles are widened and converted. Sums are fp32 in quant_linear's order, so fp32 results
-// match it to summation order (bit for bit on AVX-512).
-#include <ATen/Parallel.h>
+// packed_matmul is the kernel quant_linear runs for these formats too, so a row's result is the
+// same bits through either op and whatever the number of rows (quant_blocks.h).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <torch/library.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
-#include "simd.h"
+#include "quant_blocks.h"
 
-namespace vec = radixflow_cpu;
-using vec::Vec;
+namespace blocks = radixflow_cpu::blocks;
 
 namespace {
 
 constexpr int64_t kMaxRows = 8;
-constexpr int kBlock = 32;  // weights per block of every format taken here
-constexpr int kBlockVecs = kBlock / vec::kLanes;
-
-inline float half_at(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-#if defined(__F16C__)
-  return _cvtsh_ss(bits);
-#else
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-#endif
-}
-
-// -- block formats: 32 weights as kBlockVecs fp32 vectors ------------------------------------
-
-// fp16 d, fp16 m (q4_1 only), 16 bytes of nibbles: weight j < 16 is the low nibble of byte j,
-// weight j + 16 its high nibble; w = d q + m (q4_0: m = -8 d).
-template <bool kHasMin>
-struct Q4 {
-  static constexpr int kBytes = kHasMin ? 20 : 18;
-  static void decode(const uint8_t* b, Vec* w) {
-    const float d = half_at(b);
-    const float m = kHasMin ? half_at(b + 2) : -8.0f * d;
-    const uint8_t* qs = b + (kHasMin ? 4 : 2);
-#if defined(__AVX512F__)
-    const Vec table = _mm512_fmadd_ps(
-        _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_ps(d),
-        _mm512_set1_ps(m));
-    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)qs));
-    w[0] = _mm512_permutexvar_ps(bytes, table);  // the permute reads the low 4 bits
-    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
-#elif defined(__AVX2__)
-    const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
-    const __m256i low = _mm256_set1_epi32(0x0F);
-    for (int half = 0; half < 2; ++half) {
-      const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(qs + 8 * half)));
-      w[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(bytes, low)), dv, mv);
-      w[2 + half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4)), dv, mv);
-    }
-#else
-    alignas(64) float f[kBlock];
-    for (int j = 0; j < 16; ++j) {
-      f[j] = std::fma(static_cast<float>(qs[j] & 0x0F), d, m);
-      f[j + 16] = std::fma(static_cast<float>(qs[j] >> 4), d, m);
-    }
-    for (int i = 0; i < kBlockVecs; ++i) w[i] = vec::load(f + i * vec::kLanes);
-#endif
-  }
-};
-
-// fp16 d, int8 q[32]: w = d q.
-struct Q8 {
-  static constexpr int kBytes = 34;
-  static void decode(const uint8_t* b, Vec* w) {
-    const float d = half_at(b);
-    const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
-#if defined(__AVX512F__)
-    for (int i = 0; i < 2; ++i)
-      w[i] = _mm512_mul_ps(
-          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(qs + 16 * i)))),
-          _mm512_set1_ps(d));
-#elif defined(__AVX2__)
-    for (int i = 0; i < 4; ++i)
-      w[i] = _mm256_mul_ps(
-          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(qs + 8 * i)))),
-          _mm256_set1_ps(d));
-#else
-    alignas(64) float f[kBlock];
-    for (int j = 0; j < kBlock; ++j) f[j] = static_cast<float>(qs[j]) * d;
-    for (int i = 0; i < kBlockVecs; ++i) w[i] = vec::load(f + i * vec::kLanes);
-#endif
-  }
-};
-
-// -- the matvec: y [M, N] = x [M, K] (fp32) . W^T for one segment ---------------------------
-
-struct Matvec {
-  const float* x;  // [M, K] contiguous fp32
-  const uint8_t* w;  // [N, row_bytes]
-  int64_t n, k, row_bytes;
-};
-
-// Packed rows [row, row + R) against the M rows of x: sums[r * M + m]. R rows at once give
-// R independent accumulator chains (M = 1) and share each load of x between R FMAs.
-template <typename Fmt, int M, int R>
-inline void dot_rows(const Matvec& p, int64_t row, float* sums) {
-  Vec acc[R * M];
-  for (int i = 0; i < R * M; ++i) acc[i] = vec::zero();
-  const uint8_t* block = p.w + row * p.row_bytes;
-  for (int64_t k0 = 0; k0 < p.k; k0 += kBlock, block += Fmt::kBytes) {
-    Vec w[R][kBlockVecs];
-    for (int r = 0; r < R; ++r) Fmt::decode(block + r * p.row_bytes, w[r]);
-    for (int i = 0; i < kBlockVecs; ++i) {
-      for (int m = 0; m < M; ++m) {
-        const Vec xv = vec::load(p.x + m * p.k + k0 + i * vec::kLanes);
-        for (int r = 0; r < R; ++r) acc[r * M + m] = vec::fmadd(w[r][i], xv, acc[r * M + m]);
-      }
-    }
-  }
-  for (int i = 0; i < R * M; ++i) sums[i] = vec::reduce_add(acc[i]);
-}
-
-constexpr int rows_per_step(int m) { return m == 1 ? 4 : m <= 4 ? 2 : 1; }
-
-template <typename Fmt, int M, typename Out>
-void matvec(const Matvec& p, const Out* bias, Out* y, int64_t ldy) {
-  constexpr int R = rows_per_step(M);
-  const auto finish = [&](int64_t n, int rows, const float* sums) {
-    for (int r = 0; r < rows; ++r) {
-      const float b = bias ? static_cast<float>(bias[n + r]) : 0.0f;
-      for (int m = 0; m < M; ++m) y[m * ldy + n + r] = Out(sums[r * M + m] + b);
-    }
-  };
-  const int64_t steps = p.n / R;
-  // about 16 KiB of packed rows per task: enough that the fork costs little
-  const int64_t grain = std::max<int64_t>(1, 16384 / (R * p.row_bytes));
-  at::parallel_for(0, steps, grain, [&](int64_t begin, int64_t end) {
-    float sums[R * M];
-    for (int64_t step = begin; step < end; ++step) {
-      dot_rows<Fmt, M, R>(p, step * R, sums);
-      finish(step * R, R, sums);
-    }
-  });
-  for (int64_t n = steps * R; n < p.n; ++n) {
-    float sums[M];
-    dot_rows<Fmt, M, 1>(p, n, sums);
-    finish(n, 1, sums);
-  }
-}
-
-template <typename Fmt, typename Out>
-void matvec_rows(const Matvec& p, int64_t m, const Out* bias, Out* y, int64_t ldy) {
-  switch (m) {
-#define RADIXFLOW_CASE(rows) \
-  case rows:                 \
-    return matvec<Fmt, rows, Out>(p, bias, y, ldy);
-    RADIXFLOW_CASE(1) RADIXFLOW_CASE(2) RADIXFLOW_CASE(3) RADIXFLOW_CASE(4)
-    RADIXFLOW_CASE(5) RADIXFLOW_CASE(6) RADIXFLOW_CASE(7) RADIXFLOW_CASE(8)
-#undef RADIXFLOW_CASE
-  }
-}
 
 // -- the library's other kernels, through the dispatcher -------------------------------------
 
@@ -248,13 +98,13 @@ bool fast_qtype(const std::string& qtype) {
 template <typename Out>
 void fast_segment(const at::Tensor& xf, const at::Tensor& packed, const std::string& qtype,
                   const Out* bias, const at::Tensor& out) {
-  const Matvec p{xf.data_ptr<float>(), packed.data_ptr<uint8_t>(), packed.size(0), xf.size(1),
-                 packed.size(1)};
+  const blocks::Packed p{packed.data_ptr<uint8_t>(), packed.size(0), xf.size(1), packed.size(1)};
+  const float* x = xf.data_ptr<float>();
   Out* y = out.data_ptr<Out>();
   const int64_t m = xf.size(0), ld = out.stride(0);
-  if (qtype == "q4_0") return matvec_rows<Q4<false>, Out>(p, m, bias, y, ld);
-  if (qtype == "q4_1") return matvec_rows<Q4<true>, Out>(p, m, bias, y, ld);
-  matvec_rows<Q8, Out>(p, m, bias, y, ld);
+  if (qtype == "q4_0") return blocks::packed_matmul<blocks::Q4<false>, Out>(p, x, m, bias, y, ld);
+  if (qtype == "q4_1") return blocks::packed_matmul<blocks::Q4<true>, Out>(p, x, m, bias, y, ld);
+  blocks::packed_matmul<blocks::Q8, Out>(p, x, m, bias, y, ld);
 }
 
 // out [M, N] = x [M, K] W^T (+ bias), W the concatenation of `weights` by output rows.
@@ -302,11 +152,13 @@ int64_t check_projection(const std::vector<at::Tensor>& weights,
     } else {
       TORCH_CHECK(w.scalar_type() == at::kByte, name, ": a packed segment must be uint8");
       if (fast_qtype(qtypes[i])) {
-        const int64_t bytes = qtypes[i] == "q8_0" ? Q8::kBytes
-                              : qtypes[i] == "q4_1" ? Q4<true>::kBytes
-                                                    : Q4<false>::kBytes;
-        TORCH_CHECK(k % kBlock == 0 && w.size(1) == k / kBlock * bytes, name, ": ", qtypes[i],
-                    " rows of K=", k, " take ", k / kBlock * bytes, " bytes, got ", w.size(1));
+        const int64_t bytes = qtypes[i] == "q8_0" ? blocks::Q8::kBytes
+                              : qtypes[i] == "q4_1" ? blocks::Q4<true>::kBytes
+                                                    : blocks::Q4<false>::kBytes;
+        const int64_t blocks_per_row = k / blocks::kBlock;
+        TORCH_CHECK(k % blocks::kBlock == 0 && w.size(1) == blocks_per_row * bytes, name, ": ",
+                    qtypes[i], " rows of K=", k, " take ", blocks_per_row * bytes, " bytes, got ",
+                    w.size(1));
       }
     }
     rows += w.size(0);

@@ -1,166 +1,47 @@
 // y = x @ W^T (+ bias) where W [N, K] stays packed as GGUF blocks (q8_0, q4_0, q4_1, q4_k, q6_k),
 // one row of blocks per output feature, byte for byte as in the file.
 //
-// Each block decodes to small integers q, one scale s and one offset o per group of 16 weights
-// (w = s * q + o, as ggml dequantizes), into an L1-resident scratch:
+//     q4_0 q4_1 q8_0, M <= 128  quant_blocks.h's packed_matmul: blocks decoded in registers,
+//                               tiles of 8 rows of x; batch invariant (each output's sum in one
+//                               order whatever M), the same kernel as decode_layer.cpp's
+//     q4_k q6_k, M <= 8         each 256-weight block decoded to int8 q, a scale s and an
+//                               offset o per 16 weights (w = s q + o, as ggml) in an L1 scratch,
+//                               then acc[r][m] = fma(w_r, x[m, k:k+kLanes], acc[r][m])
+//     more rows (prefill)       a tile of rows that fits L2 decoded to fp32, one sgemm per tile
 //
-//     block bytes --decode--> int8 q[QK], s[QK/16], o[QK/16]
-//                              |  per vector of W lanes: w = fma(float(q), s, o)   (registers)
-//                              v
-//     decode (M <= 8):  acc[r][m] = fma(w_r, x[m, k:k+W], acc[r][m]) for 1 or 2 packed rows r
-//                       at a time, then a horizontal sum per (r, m)
-//     prefill (M > 8):  w stored into an fp32 tile of rows that fits L2, then one sgemm per tile
-//
-// The weights are exact in fp32 (gguf's own dequantize, up to one rounding of s * q + o, which
-// is fused here); sums are fp32, so the result is F.linear on the dequantized weight within
-// fp32 summation-order error, rounded once to x's dtype. The vector type is chosen by the ISA
-// this file is compiled for: AVX-512F (16 lanes), AVX2 + FMA (8), NEON (4) or plain C++ (1).
-// It is a little over 400 lines because it holds the five block formats and both paths.
+// The weights are exact in fp32 (gguf's own dequantize, up to one rounding of s q + o, which is
+// fused here); sums are fp32, so the result is F.linear on the dequantized weight within fp32
+// summation-order error, rounded once to x's dtype. The vectors are simd.h's for the ISA this
+// file is compiled for.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <string>
 
-#if defined(__SSE2__)
-#include <immintrin.h>
-#elif defined(__ARM_NEON)
-#include <arm_neon.h>
-#endif
+#include "quant_blocks.h"
 
 namespace {
 
-// -- the vector abstraction: W fp32 lanes ------------------------------------------------------
+namespace vec = radixflow_cpu;
+namespace blocks = radixflow_cpu::blocks;
+using blocks::half_at;
+using vec::Vec;
 
-#if defined(__AVX512F__)
-struct VecF {
-  static constexpr int W = 16;
-  __m512 v;
-  static VecF zero() { return {_mm512_setzero_ps()}; }
-  static VecF set1(float a) { return {_mm512_set1_ps(a)}; }
-  static VecF load(const float* p) { return {_mm512_loadu_ps(p)}; }
-  static VecF from_i8(const int8_t* p) {
-    return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)))};
-  }
-  static VecF fma(VecF a, VecF b, VecF c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
-  void store(float* p) const { _mm512_storeu_ps(p, v); }
-  float sum() const { return _mm512_reduce_add_ps(v); }
-};
-#elif defined(__AVX2__) && defined(__FMA__)
-struct VecF {
-  static constexpr int W = 8;
-  __m256 v;
-  static VecF zero() { return {_mm256_setzero_ps()}; }
-  static VecF set1(float a) { return {_mm256_set1_ps(a)}; }
-  static VecF load(const float* p) { return {_mm256_loadu_ps(p)}; }
-  static VecF from_i8(const int8_t* p) {
-    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)))};
-  }
-  static VecF fma(VecF a, VecF b, VecF c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
-  void store(float* p) const { _mm256_storeu_ps(p, v); }
-  float sum() const {
-    const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
-  }
-};
-#elif defined(__ARM_NEON) && defined(__aarch64__)
-struct VecF {
-  static constexpr int W = 4;
-  float32x4_t v;
-  static VecF zero() { return {vdupq_n_f32(0.0f)}; }
-  static VecF set1(float a) { return {vdupq_n_f32(a)}; }
-  static VecF load(const float* p) { return {vld1q_f32(p)}; }
-  static VecF from_i8(const int8_t* p) {
-    int32_t bits;
-    std::memcpy(&bits, p, 4);
-    const int16x8_t wide = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(bits)));
-    return {vcvtq_f32_s32(vmovl_s16(vget_low_s16(wide)))};
-  }
-  static VecF fma(VecF a, VecF b, VecF c) { return {vfmaq_f32(c.v, a.v, b.v)}; }
-  void store(float* p) const { vst1q_f32(p, v); }
-  float sum() const { return vaddvq_f32(v); }
-};
-#else
-struct VecF {
-  static constexpr int W = 1;
-  float v;
-  static VecF zero() { return {0.0f}; }
-  static VecF set1(float a) { return {a}; }
-  static VecF load(const float* p) { return {*p}; }
-  static VecF from_i8(const int8_t* p) { return {static_cast<float>(*p)}; }
-  static VecF fma(VecF a, VecF b, VecF c) { return {a.v * b.v + c.v}; }
-  void store(float* p) const { *p = v; }
-  float sum() const { return v; }
-};
-#endif
-
-// -- block decoders: bytes -> q, and s, o per group of 16 --------------------------------------
+// -- K-quant block decoders: bytes -> q, and s, o per group of 16 ----------------------------
 
 constexpr int kGroup = 16;
-constexpr int kMaxRows = 8;
-
-float half_at(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-}
-
-// Low nibbles of 16 bytes to q[0..16), high nibbles to q[16..32): two 16-byte stores, which
-// the vector loads that follow can forward from (byte-wise stores could not).
-inline void nibbles16(const uint8_t* qs, int8_t* q) {
-#if defined(__SSE2__)
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i low = _mm_set1_epi8(0x0F);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm_and_si128(bytes, low));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16),
-                   _mm_and_si128(_mm_srli_epi16(bytes, 4), low));
-#elif defined(__ARM_NEON)
-  const uint8x16_t bytes = vld1q_u8(qs);
-  vst1q_s8(q, vreinterpretq_s8_u8(vandq_u8(bytes, vdupq_n_u8(0x0F))));
-  vst1q_s8(q + 16, vreinterpretq_s8_u8(vshrq_n_u8(bytes, 4)));
-#else
-  for (int j = 0; j < 16; ++j) {
-    q[j] = static_cast<int8_t>(qs[j] & 0x0F);
-    q[j + 16] = static_cast<int8_t>(qs[j] >> 4);
-  }
-#endif
-}
-
-struct Q8_0 {  // fp16 d, int8 q[32]: w = d * q
-  static constexpr int QK = 32, kBytes = 34;
-  static void decode(const uint8_t* b, int8_t* q, float* s, float* o) {
-    std::memcpy(q, b + 2, 32);
-    s[0] = s[1] = half_at(b);
-    o[0] = o[1] = 0.0f;
-  }
-};
-
-struct Q4_0 {  // fp16 d, 16 bytes of nibbles: w = d * (q - 8) = d * q - 8 d
-  static constexpr int QK = 32, kBytes = 18;
-  static void decode(const uint8_t* b, int8_t* q, float* s, float* o) {
-    nibbles16(b + 2, q);
-    s[0] = s[1] = half_at(b);
-    o[0] = o[1] = -8.0f * s[0];
-  }
-};
-
-struct Q4_1 {  // fp16 d, fp16 m, 16 bytes of nibbles: w = d * q + m
-  static constexpr int QK = 32, kBytes = 20;
-  static void decode(const uint8_t* b, int8_t* q, float* s, float* o) {
-    nibbles16(b + 4, q);
-    s[0] = s[1] = half_at(b);
-    o[0] = o[1] = half_at(b + 2);
-  }
-};
+constexpr int kMaxRows = 8;  // K-quants: rows of x taken by the matvec; more go to the sgemm
+// q4_0, q4_1, q8_0: rows of x taken by blocks::packed_matmul, which is batch invariant: every
+// decode batch up to the default max_running_requests (measured faster than the sgemm there,
+// docs/benchmarks.md)
+constexpr int64_t kMaxBlockedRows = 128;
 
 // fp16 d, fp16 dmin, 12 bytes of 6-bit (scale, min) pairs for 8 sub-blocks of 32, then 128
 // bytes: each 32-byte run holds sub-block 2j in its low and 2j + 1 in its high nibbles.
@@ -229,14 +110,14 @@ struct Scratch {
   float s[Fmt::QK / kGroup], o[Fmt::QK / kGroup];
 
   void decode(const uint8_t* bytes) { Fmt::decode(bytes, q, s, o); }
-  // The fp32 weights [i, i + W) of the decoded block.
-  VecF at(int i) const {
+  // The fp32 weights [i, i + kLanes) of the decoded block.
+  Vec at(int i) const {
     const int g = i / kGroup;
-    return VecF::fma(VecF::from_i8(q + i), VecF::set1(s[g]), VecF::set1(o[g]));
+    return vec::fmadd(vec::load_i8(q + i), vec::set1(s[g]), vec::set1(o[g]));
   }
 };
 
-// -- decode: M <= 8 rows of x against each packed row ----------------------------------------
+// -- K-quant decode: M <= 8 rows of x against each packed row ---------------------------------
 
 struct Problem {
   const float* x;  // [M, K] fp32, contiguous
@@ -248,29 +129,28 @@ struct Problem {
 // each load of x between R FMAs.
 template <typename Fmt, int M, int R>
 void dot_rows(const Problem& p, int64_t row, float* sums) {
-  VecF acc[R * M];
-  for (int i = 0; i < R * M; ++i) acc[i] = VecF::zero();
+  Vec acc[R * M];
+  for (int i = 0; i < R * M; ++i) acc[i] = vec::zero();
   Scratch<Fmt> t[R];
   const uint8_t* block = p.w + row * p.row_bytes;
   for (int64_t k0 = 0; k0 < p.k; k0 += Fmt::QK, block += Fmt::kBytes) {
     for (int r = 0; r < R; ++r) t[r].decode(block + r * p.row_bytes);
-    for (int i = 0; i < Fmt::QK; i += VecF::W) {
-      VecF w[R];
+    for (int i = 0; i < Fmt::QK; i += vec::kLanes) {
+      Vec w[R];
       for (int r = 0; r < R; ++r) w[r] = t[r].at(i);
       const float* x = p.x + k0 + i;
       for (int m = 0; m < M; ++m) {
-        const VecF xv = VecF::load(x + m * p.k);
-        for (int r = 0; r < R; ++r) acc[r * M + m] = VecF::fma(w[r], xv, acc[r * M + m]);
+        const Vec xv = vec::load(x + m * p.k);
+        for (int r = 0; r < R; ++r) acc[r * M + m] = vec::fmadd(w[r], xv, acc[r * M + m]);
       }
     }
   }
-  for (int i = 0; i < R * M; ++i) sums[i] = acc[i].sum();
+  for (int i = 0; i < R * M; ++i) sums[i] = vec::reduce_add(acc[i]);
 }
 
 // Two rows at a time from M = 4 on (measured: 1.2-1.4x at M = 8, slower for M = 1) while 2 M
-// accumulators, two weight vectors and x fit the registers (AVX-512 and NEON have 32).
-constexpr int kRegisters = VecF::W == 8 ? 16 : 32;  // AVX2 has 16 vector registers
-constexpr int rows_per_step(int m) { return m >= 4 && 2 * m + 3 <= kRegisters ? 2 : 1; }
+// accumulators, two weight vectors and x fit the registers.
+constexpr int rows_per_step(int m) { return m >= 4 && 2 * m + 3 <= vec::kRegisters ? 2 : 1; }
 
 template <typename Fmt, int M, typename Out>
 void matvec(const Problem& p, const Out* bias, Out* y, int64_t ldy) {
@@ -312,51 +192,72 @@ void matvec_rows(const Problem& p, const Out* bias, Out* y, int64_t ldy) {
 
 // -- prefill: dequantize a tile of rows to fp32, then one sgemm ------------------------------
 
-// One flat loop over each block's vectors, as in dot_rows: with a nested group / lane loop
-// here, GCC 12 at -O3 for AVX2 dropped the calls to this function for q4_k and q6_k (the
-// prefill tests caught it).
+// A K-quant row to fp32. One flat loop over each block's vectors, as in dot_rows: with a
+// nested group / lane loop here, GCC 12 at -O3 for AVX2 dropped the calls to this function for
+// q4_k and q6_k (the prefill tests caught it).
 template <typename Fmt>
-void dequantize_row(const Problem& p, int64_t row, float* dst) {
+void dequantize_row(const uint8_t* row, int64_t k, float* dst) {
   Scratch<Fmt> t;
-  const uint8_t* block = p.w + row * p.row_bytes;
-  for (int64_t k0 = 0; k0 < p.k; k0 += Fmt::QK, block += Fmt::kBytes) {
-    t.decode(block);
-    for (int i = 0; i < Fmt::QK; i += VecF::W) t.at(i).store(dst + k0 + i);
+  for (int64_t k0 = 0; k0 < k; k0 += Fmt::QK, row += Fmt::kBytes) {
+    t.decode(row);
+    for (int i = 0; i < Fmt::QK; i += vec::kLanes) vec::store(dst + k0 + i, t.at(i));
   }
 }
 
-template <typename Fmt>
-void matmul(const Problem& p, const at::Tensor& x, const std::optional<at::Tensor>& bias,
-            const at::Tensor& out) {
+using RowDecoder = void (*)(const uint8_t* row, int64_t k, float* dst);
+
+// out = xf [M, K] (fp32) W^T (+ bias), W's rows decoded to fp32 a tile at a time by `decode`.
+void sgemm(const at::Tensor& xf, const at::Tensor& packed, RowDecoder decode,
+           const std::optional<at::Tensor>& bias, const at::Tensor& out) {
+  const int64_t n = packed.size(0), k = xf.size(1), row_bytes = packed.size(1);
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const std::optional<at::Tensor> bias_f =
+      bias ? std::optional<at::Tensor>(bias->to(at::kFloat)) : std::nullopt;
   // A tile of about 1 MiB of fp32 weights: it stays in L2 while the sgemm reads it.
-  const int64_t tile_rows = std::min<int64_t>(p.n, std::max<int64_t>(16, (1 << 20) / (4 * p.k)));
-  const at::Tensor tile = at::empty({tile_rows, p.k}, x.options().dtype(at::kFloat));
-  for (int64_t n0 = 0; n0 < p.n; n0 += tile_rows) {
-    const int64_t rows = std::min(tile_rows, p.n - n0);
-    const at::Tensor w = tile.narrow(0, 0, rows);
-    float* dst = w.data_ptr<float>();
+  const int64_t tile_rows = std::min<int64_t>(n, std::max<int64_t>(16, (1 << 20) / (4 * k)));
+  const at::Tensor tile = at::empty({tile_rows, k}, xf.options());
+  for (int64_t n0 = 0; n0 < n; n0 += tile_rows) {
+    const int64_t rows = std::min(tile_rows, n - n0);
+    const at::Tensor wt = tile.narrow(0, 0, rows);
+    float* dst = wt.data_ptr<float>();
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) dequantize_row<Fmt>(p, n0 + r, dst + r * p.k);
+      for (int64_t r = begin; r < end; ++r) decode(w + (n0 + r) * row_bytes, k, dst + r * k);
     });
-    at::Tensor y = at::mm(x, w.t());
-    if (bias) y.add_(bias->narrow(0, n0, rows));
+    at::Tensor y = at::mm(xf, wt.t());
+    if (bias_f) y.add_(bias_f->narrow(0, n0, rows));
     out.narrow(1, n0, rows).copy_(y);
   }
 }
 
 // -- the op ----------------------------------------------------------------------------------
 
+// q4_0, q4_1, q8_0 (blocks::Q4, blocks::Q8).
 template <typename Fmt>
-void run(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-         const at::Tensor& out) {
+void run_blocks(const at::Tensor& x, const at::Tensor& packed,
+                const std::optional<at::Tensor>& bias, const at::Tensor& out) {
   const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const int64_t m = x.size(0);
+  if (m > kMaxBlockedRows) return sgemm(xf, packed, &blocks::dequantize_row<Fmt>, bias, out);
+  const blocks::Packed p{packed.data_ptr<uint8_t>(), packed.size(0), x.size(1), packed.size(1)};
+  if (x.scalar_type() == at::kFloat) {
+    return blocks::packed_matmul<Fmt, float>(p, xf.data_ptr<float>(), m,
+                                             bias ? bias->data_ptr<float>() : nullptr,
+                                             out.data_ptr<float>(), out.stride(0));
+  }
+  using BF = c10::BFloat16;
+  blocks::packed_matmul<Fmt, BF>(p, xf.data_ptr<float>(), m,
+                                 bias ? bias->data_ptr<BF>() : nullptr, out.data_ptr<BF>(),
+                                 out.stride(0));
+}
+
+// q4_k, q6_k.
+template <typename Fmt>
+void run_kquant(const at::Tensor& x, const at::Tensor& packed,
+                const std::optional<at::Tensor>& bias, const at::Tensor& out) {
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  if (x.size(0) > kMaxRows) return sgemm(xf, packed, &dequantize_row<Fmt>, bias, out);
   const Problem p{xf.data_ptr<float>(), packed.data_ptr<uint8_t>(), x.size(0), packed.size(0),
                   x.size(1), packed.size(1)};
-  if (p.m > kMaxRows) {
-    const std::optional<at::Tensor> bias_f =
-        bias ? std::optional<at::Tensor>(bias->to(at::kFloat)) : std::nullopt;
-    return matmul<Fmt>(p, xf, bias_f, out);
-  }
   if (x.scalar_type() == at::kFloat) {
     return matvec_rows<Fmt, float>(p, bias ? bias->data_ptr<float>() : nullptr,
                                    out.data_ptr<float>(), out.stride(0));
@@ -366,12 +267,12 @@ void run(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::
                        out.stride(0));
 }
 
-template <typename Fmt>
-void check_layout(const at::Tensor& packed, int64_t k, const std::string& qtype) {
-  TORCH_CHECK(k > 0 && k % Fmt::QK == 0, qtype, " needs K to be a positive multiple of ", Fmt::QK,
+void check_layout(const at::Tensor& packed, int64_t k, const std::string& qtype, int64_t block,
+                  int64_t bytes) {
+  TORCH_CHECK(k > 0 && k % block == 0, qtype, " needs K to be a positive multiple of ", block,
               ", got ", k);
-  TORCH_CHECK(packed.size(1) == k / Fmt::QK * Fmt::kBytes, qtype, " rows of K=", k, " take ",
-              k / Fmt::QK * Fmt::kBytes, " bytes, packed has ", packed.size(1));
+  TORCH_CHECK(packed.size(1) == k / block * bytes, qtype, " rows of K=", k, " take ",
+              k / block * bytes, " bytes, packed has ", packed.size(1));
 }
 
 void quant_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& qtype,
@@ -393,16 +294,16 @@ void quant_linear(const at::Tensor& x, const at::Tensor& packed, const std::stri
                     bias->size(0) == packed.size(0) && bias->is_contiguous(),
                 "bias must be a contiguous [N] tensor of x's dtype");
   }
-#define RADIXFLOW_QTYPE(name, Fmt)             \
-  if (qtype == name) {                         \
-    check_layout<Fmt>(packed, k, qtype);       \
-    return run<Fmt>(x, packed, bias, out);     \
+#define RADIXFLOW_QTYPE(name, Fmt, block, run)         \
+  if (qtype == name) {                                  \
+    check_layout(packed, k, qtype, block, Fmt::kBytes); \
+    return run<Fmt>(x, packed, bias, out);              \
   }
-  RADIXFLOW_QTYPE("q8_0", Q8_0)
-  RADIXFLOW_QTYPE("q4_0", Q4_0)
-  RADIXFLOW_QTYPE("q4_1", Q4_1)
-  RADIXFLOW_QTYPE("q4_k", Q4_K)
-  RADIXFLOW_QTYPE("q6_k", Q6_K)
+  RADIXFLOW_QTYPE("q8_0", blocks::Q8, blocks::kBlock, run_blocks)
+  RADIXFLOW_QTYPE("q4_0", blocks::Q4<false>, blocks::kBlock, run_blocks)
+  RADIXFLOW_QTYPE("q4_1", blocks::Q4<true>, blocks::kBlock, run_blocks)
+  RADIXFLOW_QTYPE("q4_k", Q4_K, Q4_K::QK, run_kquant)
+  RADIXFLOW_QTYPE("q6_k", Q6_K, Q6_K::QK, run_kquant)
 #undef RADIXFLOW_QTYPE
   TORCH_CHECK(false, "unknown qtype ", qtype, "; expected q8_0, q4_0, q4_1, q4_k or q6_k");
 }

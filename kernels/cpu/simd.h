@@ -11,6 +11,7 @@
 //     reduce_add reduce_max     over the lanes of one vector
 //     keep_first(v, n, fill)    lanes [0, n) of v, the others fill
 //     sum_lanes(v[kLanes])      lane j = the sum of the lanes of v[j] (a transpose-add)
+//     load_i8(p)                kLanes int8 values as fp32 lanes
 //     load/store(p[, n])        kLanes (or the first n) float32 or bfloat16 elements as fp32
 //                               lanes; bfloat16 stores round to nearest even as c10 does
 //     round_bf16(v)             v rounded to bfloat16 precision, kept in fp32 lanes

@@ -96,6 +96,11 @@ inline Vec load(const c10::BFloat16* p, int64_t n) {
   std::memcpy(part, p, n * sizeof(uint16_t));
   return widen_bf16(_mm_load_si128(reinterpret_cast<const __m128i*>(part)));
 }
+// kLanes int8 values as fp32 lanes.
+inline Vec load_i8(const int8_t* p) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+}
 inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline void store(c10::BFloat16* p, Vec v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), narrow_bf16(v));

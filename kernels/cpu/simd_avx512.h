@@ -64,6 +64,11 @@ inline Vec load(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(first_
 inline Vec load(const c10::BFloat16* p, int64_t n) {
   return widen_bf16(_mm256_maskz_loadu_epi16(first_lanes(n), p));
 }
+// kLanes int8 values as fp32 lanes.
+inline Vec load_i8(const int8_t* p) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+}
 inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline void store(c10::BFloat16* p, Vec v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow_bf16(v));

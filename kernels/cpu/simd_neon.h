@@ -77,6 +77,13 @@ inline Vec load(const c10::BFloat16* p, int64_t n) {
   std::memcpy(part, p, n * sizeof(uint16_t));
   return widen_bf16(vld1_u16(part));
 }
+// kLanes int8 values as fp32 lanes.
+inline Vec load_i8(const int8_t* p) {
+  int32_t bits;
+  std::memcpy(&bits, p, 4);
+  const int16x8_t wide = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(bits)));
+  return vcvtq_f32_s32(vmovl_s16(vget_low_s16(wide)));
+}
 inline void store(float* p, Vec v) { vst1q_f32(p, v); }
 inline void store(c10::BFloat16* p, Vec v) {
   vst1_u16(reinterpret_cast<uint16_t*>(p), narrow_bf16(v));

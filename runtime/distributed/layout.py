@@ -4,7 +4,8 @@
     node k: worker ranks k*P .. (k+1)*P - 1                  (P = tp_size / nnodes)
 
 On GPUs a rank takes the GPU of its index on its node (cuda:local_rank); on the CPU the ranks
-of a node split its cores (`num_threads` each, unless set).
+of a node split its cores (`num_threads` each, unless set) and its memory
+(`mem_fraction_static` each).
 """
 
 from __future__ import annotations
@@ -64,4 +65,8 @@ class TPLayout:
             local = rank - self.local_ranks.start
             return dataclasses.replace(config, device=f"cuda:{local}")
         threads = config.num_threads or max(1, _available_cores() // self.ranks_per_node)
-        return dataclasses.replace(config, device=str(device), num_threads=threads)
+        # the node's ranks share its RAM: each plans its weights and KV pool in its share
+        fraction = config.mem_fraction_static / self.ranks_per_node
+        return dataclasses.replace(
+            config, device=str(device), num_threads=threads, mem_fraction_static=fraction
+        )

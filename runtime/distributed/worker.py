@@ -40,10 +40,11 @@ class StartupReport:
     rank: int
     error: str | None
     kv_pages: int
+    bad_input: bool = False  # the error is a ValueError: the model or a knob does not fit
 
     @classmethod
     def failed(cls, rank: int, exc: BaseException) -> StartupReport:
-        return cls(rank, f"{type(exc).__name__}: {exc}", 0)
+        return cls(rank, f"{type(exc).__name__}: {exc}", 0, isinstance(exc, ValueError))
 
 
 def load_rank_checkpoint(config: EngineConfig) -> Checkpoint:
@@ -58,15 +59,19 @@ def load_rank_checkpoint(config: EngineConfig) -> Checkpoint:
 
 def check_startup(tp: TPGroup, mine: StartupReport) -> None:
     """Every rank states its outcome; all raise one error naming each rank that failed, or
-    whose KV pool differs from rank 0's (a slot must mean the same place on every rank)."""
-    reports: list[StartupReport | None] = [None] * tp.size
-    dist.all_gather_object(reports, mine, group=tp.group)
-    problems = [f"rank {r.rank}: {r.error}" for r in reports if r is not None and r.error]
-    pages = {r.kv_pages for r in reports if r is not None and not r.error}
+    whose KV pool differs from rank 0's (a slot must mean the same place on every rank): a
+    ValueError when every failure was one (bad input, as on one device), else RuntimeError."""
+    gathered: list[StartupReport | None] = [None] * tp.size
+    dist.all_gather_object(gathered, mine, group=tp.group)
+    reports = [r for r in gathered if r is not None]
+    failed = [r for r in reports if r.error]
+    problems = [f"rank {r.rank}: {r.error}" for r in failed]
+    pages = {r.kv_pages for r in reports if not r.error}
     if not problems and len(pages) > 1:
         problems.append(f"the ranks' KV pools differ in pages: {sorted(pages)}")
     if problems:
-        raise RuntimeError("tensor-parallel startup failed: " + "; ".join(problems))
+        error = ValueError if failed and all(r.bad_input for r in failed) else RuntimeError
+        raise error("tensor-parallel startup failed: " + "; ".join(problems))
 
 
 def build_rank(config: EngineConfig, tp: TPGroup) -> tuple[ModelRunner | None, StartupReport]:
@@ -92,7 +97,11 @@ def worker_main(config: EngineConfig, layout: TPLayout, rank: int, parent_pid: i
     device = torch.device(config.device)
     tp = init_tp_group(rank, layout.tp_size, layout.init_method, device, layout.timeout_s)
     runner, report = build_rank(config, tp)
-    check_startup(tp, report)
+    try:
+        check_startup(tp, report)
+    except RuntimeError as exc:  # every rank has the same error; a traceback adds nothing
+        logger.error("%s", exc)
+        sys.exit(1)
     assert runner is not None  # check_startup raised otherwise
     serve_steps(tp, runner)
     dist.destroy_process_group()

@@ -26,6 +26,7 @@ from torch import nn
 from radixflow.kernels import decode_layer
 from radixflow.kernels.decode_layer import AttentionWeights, MlpWeights, PagedKV, Projection
 from radixflow.runtime.attention.sdpa_backend import TorchPagedBackend
+from radixflow.runtime.distributed.group import TPGroup
 from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixflow.runtime.layers.linear import Linear, QuantLinear
 from radixflow.runtime.layers.target import OpsTarget
@@ -50,6 +51,7 @@ class _Layer:
     attention: AttentionWeights
     mlp: MlpWeights
     layer_id: int
+    tp: TPGroup  # read once here: nn.Module attribute lookups cost ~1 us each, per layer and step
 
 
 class DecodeStack:
@@ -97,7 +99,7 @@ class DecodeStack:
         cos_sin = cache.index_select(0, batch.positions).to(x.dtype)
         x = x.contiguous()
         residual: torch.Tensor | None = None
-        for layer, module in zip(layers, self.layers, strict=True):
+        for layer in layers:
             kv = PagedKV(
                 pool.k_buffers[layer.layer_id],
                 pool.v_buffers[layer.layer_id],
@@ -109,8 +111,8 @@ class DecodeStack:
             attn = decode_layer.decode_attention_block(x, residual, layer.attention, cos_sin, kv)
             if residual is None:
                 residual = x
-            attn = module.self_attn.tp.all_reduce(attn)
-            x = module.mlp.tp.all_reduce(decode_layer.decode_mlp_block(attn, residual, layer.mlp))
+            attn = layer.tp.all_reduce(attn)
+            x = layer.tp.all_reduce(decode_layer.decode_mlp_block(attn, residual, layer.mlp))
         assert residual is not None  # the model has at least one layer
         return x, residual
 
@@ -141,4 +143,4 @@ def _bind_layer(module: nn.Module) -> _Layer:
     mlp_weights = MlpWeights(
         post.weight, post.eps, projection_of(mlp.gate_up_proj), projection_of(mlp.down_proj)
     )
-    return _Layer(attention, mlp_weights, spec.layer_id)
+    return _Layer(attention, mlp_weights, spec.layer_id, attn.tp)

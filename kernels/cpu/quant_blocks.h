@@ -1,0 +1,201 @@
+// The 32-weight GGUF blocks (q4_0, q4_1, q8_0) decoded in registers, and the register-blocked
+// product of rows of x (fp32) with rows of such blocks: one copy for quant_linear.cpp and
+// decode_layer.cpp.
+//
+//     block bytes --decode--> kBlockVecs fp32 vectors (w = d q + m, one rounding as gguf's own)
+//     x [M, K] in tiles of up to kTileRows rows; packed rows in steps of kStepRows, threaded:
+//         for each step, for each tile:  acc[r][m] = fma(w_r, x[m, k:k+kLanes], acc[r][m])
+//
+// Every output element is one packed row against one row of x, summed in one fixed order: a
+// vector of kLanes fp32 partial sums fed by every block of the row in K order, then reduce_add.
+// Nothing in that order depends on M, on the tile a row of x falls in or on how many packed
+// rows share a step, so a row of x gets the same bits in a batch of 1 or of 64, through either
+// op (batch invariance: a request's tokens do not depend on its neighbours).
+//
+// On AVX-512 a 4-bit block's 16 possible weights d q + m are one vector (fma of 0..15 by d, m)
+// and its nibbles index it with one permute per 16 weights; elsewhere the nibbles are widened
+// and converted.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "simd.h"
+
+namespace radixflow_cpu::blocks {
+
+constexpr int kBlock = 32;  // weights per block of every format here
+constexpr int kBlockVecs = kBlock / kLanes;
+
+inline float half_at(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);
+#else
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+#endif
+}
+
+// fp16 d, fp16 m (q4_1 only), 16 bytes of nibbles: weight j < 16 is the low nibble of byte j,
+// weight j + 16 its high nibble; w = d q + m (q4_0: m = -8 d).
+template <bool kHasMin>
+struct Q4 {
+  static constexpr int kBytes = kHasMin ? 20 : 18;
+  static void decode(const uint8_t* b, Vec* w) {
+    const float d = half_at(b);
+    const float m = kHasMin ? half_at(b + 2) : -8.0f * d;
+    const uint8_t* qs = b + (kHasMin ? 4 : 2);
+#if defined(__AVX512F__)
+    const Vec table = _mm512_fmadd_ps(
+        _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_ps(d),
+        _mm512_set1_ps(m));
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)qs));
+    w[0] = _mm512_permutexvar_ps(bytes, table);  // the permute reads the low 4 bits
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+#elif defined(__AVX2__)
+    const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+    const __m256i low = _mm256_set1_epi32(0x0F);
+    for (int half = 0; half < 2; ++half) {
+      const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(qs + 8 * half)));
+      w[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(bytes, low)), dv, mv);
+      w[2 + half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4)), dv, mv);
+    }
+#else
+    alignas(64) float f[kBlock];
+    for (int j = 0; j < 16; ++j) {
+      f[j] = std::fma(static_cast<float>(qs[j] & 0x0F), d, m);
+      f[j + 16] = std::fma(static_cast<float>(qs[j] >> 4), d, m);
+    }
+    for (int i = 0; i < kBlockVecs; ++i) w[i] = load(f + i * kLanes);
+#endif
+  }
+};
+
+// fp16 d, int8 q[32]: w = d q.
+struct Q8 {
+  static constexpr int kBytes = 34;
+  static void decode(const uint8_t* b, Vec* w) {
+    const Vec d = set1(half_at(b));
+    const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
+    for (int i = 0; i < kBlockVecs; ++i) w[i] = mul(load_i8(qs + i * kLanes), d);
+  }
+};
+
+// One row of K weights decoded to fp32 (for the tiled sgemm of many rows of x).
+template <typename Fmt>
+void dequantize_row(const uint8_t* row, int64_t k, float* dst) {
+  Vec w[kBlockVecs];
+  for (int64_t k0 = 0; k0 < k; k0 += kBlock, row += Fmt::kBytes) {
+    Fmt::decode(row, w);
+    for (int i = 0; i < kBlockVecs; ++i) store(dst + k0 + i * kLanes, w[i]);
+  }
+}
+
+struct Packed {
+  const uint8_t* w;  // [n, row_bytes], blocks of one format
+  int64_t n, k, row_bytes;
+};
+
+// Packed rows [row, row + R) against M rows of x (fp32, row stride K): sums[r * M + m]. R rows
+// at once give R independent accumulator chains and share each load of x between R FMAs.
+template <typename Fmt, int M, int R>
+inline void dot_rows(const Packed& p, const float* x, int64_t row, float* sums) {
+  Vec acc[R * M];
+  for (int i = 0; i < R * M; ++i) acc[i] = zero();
+  const uint8_t* block = p.w + row * p.row_bytes;
+  for (int64_t k0 = 0; k0 < p.k; k0 += kBlock, block += Fmt::kBytes) {
+    Vec w[R][kBlockVecs];
+    for (int r = 0; r < R; ++r) Fmt::decode(block + r * p.row_bytes, w[r]);
+    for (int i = 0; i < kBlockVecs; ++i) {
+      for (int m = 0; m < M; ++m) {
+        const Vec xv = load(x + m * p.k + k0 + i * kLanes);
+        for (int r = 0; r < R; ++r) acc[r * M + m] = fmadd(w[r][i], xv, acc[r * M + m]);
+      }
+    }
+  }
+  for (int i = 0; i < R * M; ++i) sums[i] = reduce_add(acc[i]);
+}
+
+constexpr int kTileRows = 8;  // rows of x per register tile
+constexpr int kStepRows = 4;  // packed rows per unit of work; every rows_per_step divides it
+
+// Packed rows per dot_rows: 4 for one row of x (independent chains), else 2 while the 2 M
+// accumulators, both rows' decoded block and x fit the registers (AVX-512: up to 8 rows).
+constexpr int rows_per_step(int m) {
+  return m == 1 ? 4 : m <= 4 || 2 * m + 2 * kBlockVecs + 1 <= kRegisters ? 2 : 1;
+}
+
+// The `rows` (<= kStepRows) packed rows from n0 against a tile of M rows of x into y [M, ldy].
+template <typename Fmt, int M, typename Out>
+void tile(const Packed& p, const float* x, int64_t n0, int rows, const Out* bias, Out* y,
+          int64_t ldy) {
+  constexpr int R = rows_per_step(M);
+  float sums[R * M];
+  const auto finish = [&](int64_t n, int count) {
+    for (int r = 0; r < count; ++r) {
+      const float b = bias ? static_cast<float>(bias[n + r]) : 0.0f;
+      for (int m = 0; m < M; ++m) y[m * ldy + n + r] = Out(sums[r * M + m] + b);
+    }
+  };
+  if (rows == kStepRows) {
+    for (int r = 0; r < kStepRows; r += R) {
+      dot_rows<Fmt, M, R>(p, x, n0 + r, sums);
+      finish(n0 + r, R);
+    }
+  } else {
+    for (int r = 0; r < rows; ++r) {
+      dot_rows<Fmt, M, 1>(p, x, n0 + r, sums);
+      finish(n0 + r, 1);
+    }
+  }
+}
+
+template <typename Fmt, typename Out>
+using TileFn = void (*)(const Packed&, const float*, int64_t, int, const Out*, Out*, int64_t);
+
+template <typename Fmt, typename Out>
+TileFn<Fmt, Out> tile_for(int64_t m) {
+  switch (m) {
+    case 1: return &tile<Fmt, 1, Out>;
+    case 2: return &tile<Fmt, 2, Out>;
+    case 3: return &tile<Fmt, 3, Out>;
+    case 4: return &tile<Fmt, 4, Out>;
+    case 5: return &tile<Fmt, 5, Out>;
+    case 6: return &tile<Fmt, 6, Out>;
+    case 7: return &tile<Fmt, 7, Out>;
+    default: return &tile<Fmt, kTileRows, Out>;
+  }
+}
+
+// y [M, N] (row stride ldy) = x [M, K] (fp32, contiguous) W^T (+ bias), W the packed rows:
+// threaded over steps of packed rows, each step running every tile of x while its blocks are
+// in L1.
+template <typename Fmt, typename Out>
+void packed_matmul(const Packed& p, const float* x, int64_t m, const Out* bias, Out* y,
+                   int64_t ldy) {
+  static_assert(kTileRows == 8, "tile_for covers tiles of 1 to 8 rows");
+  const int64_t full = m / kTileRows, rest = m % kTileRows, tiles = full + (rest > 0);
+  const TileFn<Fmt, Out> whole = tile_for<Fmt, Out>(kTileRows);
+  const TileFn<Fmt, Out> part = tile_for<Fmt, Out>(rest);
+  const int64_t steps = (p.n + kStepRows - 1) / kStepRows;
+  // about 16 KiB of packed rows per task for one tile, less for more: the fork costs little
+  const int64_t grain = std::max<int64_t>(1, 16384 / (kStepRows * p.row_bytes * tiles));
+  at::parallel_for(0, steps, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t step = begin; step < end; ++step) {
+      const int64_t n0 = step * kStepRows;
+      const int rows = static_cast<int>(std::min<int64_t>(kStepRows, p.n - n0));
+      for (int64_t t = 0; t < tiles; ++t) {
+        const TileFn<Fmt, Out> run = t < full ? whole : part;
+        run(p, x + t * kTileRows * p.k, n0, rows, bias, y + t * kTileRows * ldy, ldy);
+      }
+    }
+  });
+}
+
+}  // namespace radixflow_cpu::blocks
