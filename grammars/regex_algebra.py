@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from .budget import GrammarLimits
 from .nfa import Deadline
@@ -158,17 +159,10 @@ def _without_trie(
     moves: list[list[tuple[Ranges, int]]] = []
     accepting: list[bool] = []
 
+    what = f"excluding {sum(ends)} names"
+
     def target(key: tuple[int, int]) -> int:
-        j = index.get(key)
-        if j is None:
-            if len(states) >= MAX_STATES:
-                raise ValueError(
-                    f"excluding {sum(ends)} names needs more than {MAX_STATES} states "
-                    "(the default of grammar_max_states)"
-                )
-            j = index[key] = len(states)
-            states.append(key)
-        return j
+        return _state_number(index, states, key, what)
 
     while len(moves) < len(states):
         if len(moves) % 256 == 0:
@@ -260,18 +254,24 @@ def explore(
             nxt = tuple(terms.deriv(t, block[0][0]) for t in state)
             if not rest and all(t == NEVER_TERM for t in nxt):
                 continue
-            j = index.get(nxt)
-            if j is None:
-                if len(states) >= MAX_STATES:
-                    raise ValueError(
-                        f"the combined regular expression needs more than {MAX_STATES} states "
-                        "(the default of grammar_max_states)"
-                    )
-                j = index[nxt] = len(states)
-                states.append(nxt)
+            j = _state_number(index, states, nxt, "the combined regular expression")
             by_target[j] = by_target.get(j, ()) + block
         moves.append([(normalize(ranges), j) for j, ranges in by_target.items()])
     return _trim(moves, accepting)
+
+
+def _state_number(index: dict[Any, int], states: list[Any], key: Any, what: str) -> int:
+    """The number of state `key`, appended when new; a ValueError naming `what` past
+    MAX_STATES."""
+    j = index.get(key)
+    if j is None:
+        if len(states) >= MAX_STATES:
+            raise ValueError(
+                f"{what} needs more than {MAX_STATES} states (the default of grammar_max_states)"
+            )
+        j = index[key] = len(states)
+        states.append(key)
+    return j
 
 
 def _punch(ranges: Ranges, points: list[int]) -> Ranges:

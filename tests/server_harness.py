@@ -7,8 +7,10 @@ and import its plain helpers (`sse_events`, `wait_idle`, `kv_all_free`).
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,3 +111,20 @@ def server_factory(engine):
 def http(server):
     with httpx.Client(base_url=server.url, timeout=60) as client:
         yield client
+
+
+def wait_healthy(
+    proc: subprocess.Popen, url: str, timeout: float, output: Callable[[], str] = lambda: ""
+) -> None:
+    """Poll `url`/health until it answers 200; fail with `output()` (what the server printed)
+    if the process exits first, or when `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, output()
+        assert time.monotonic() < deadline, f"{url} did not answer /health in {timeout} s"
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)

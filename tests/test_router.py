@@ -11,11 +11,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from server_harness import wait_healthy
 from tiny_models import make_tiny_model_dir
 from transformers import AutoTokenizer
 
@@ -38,17 +39,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_ready(proc: subprocess.Popen, url: str, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < deadline, f"{url} did not start: {log.read_text()[-3000:]}"
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
+def log_tail(log: Path) -> Callable[[], str]:
+    """What a server started here printed last (its log file's tail), read when asked."""
+    return lambda: log.read_text()[-3000:]
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -88,7 +81,7 @@ def workers(model_dir, tmp_path_factory) -> Iterator[list[str]]:
             )
             urls.append((f"http://127.0.0.1:{port}", log))
         for proc, (url, log) in zip(procs, urls, strict=True):
-            _wait_ready(proc, url, log)
+            wait_healthy(proc, url, START_TIMEOUT, log_tail(log))
         yield [url for url, _ in urls]
     finally:
         for proc in procs:
@@ -105,7 +98,7 @@ def router(workers, tmp_path_factory) -> Iterator[str]:
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(proc, url, log)
+        wait_healthy(proc, url, START_TIMEOUT, log_tail(log))
         deadline = time.monotonic() + START_TIMEOUT
         while len(httpx.get(f"{url}/get_loads", timeout=5).json().get("workers", [])) < 2:
             assert time.monotonic() < deadline, log.read_text()[-3000:]

@@ -10,11 +10,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import jsonschema
 import pytest
+from server_harness import wait_healthy
 
 from radixflow.runtime.cli import build_parser, configure_logging, engine_kwargs, main
 from radixflow.runtime.config import SGLANG_VALUES, EngineConfig
@@ -257,16 +257,7 @@ def test_serve_process_ready_after_warmup_and_stops_cleanly():
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.monotonic() < deadline
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(proc, url, 120, lambda: proc.stdout.read().decode())
         info = httpx.get(f"{url}/server_info").json()
         assert info["stats"]["requests"] >= 1  # the warm-up ran before /health said ready
         assert info["dtype"] == "float32" and info["max_total_tokens"] == 2048

@@ -20,6 +20,7 @@ import httpx
 import pytest
 import torch
 from kv_checks import assert_kv_released
+from server_harness import wait_healthy
 from test_speculative_draft import assert_draft_kv_released
 from tiny_models import make_tiny_model_dir
 
@@ -236,16 +237,7 @@ def test_serve_tp2_answers_then_fails_and_exits_when_a_worker_dies(model_dir, re
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.monotonic() < deadline
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(proc, url, 180, lambda: proc.stdout.read().decode())
         r = httpx.post(f"{url}/generate", json={"input_ids": prompts[0], "sampling_params": GREEDY})
         assert r.status_code == 200 and r.json()["output_ids"] == expected[0]
         (worker,) = _spawned_children(proc.pid)
