@@ -17,7 +17,7 @@ import torch
 
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.model_runner import resolve_device
-from radixflow.runtime.server.data_parallel import _available_cores, _free_ports
+from radixflow.runtime.server.data_parallel import available_cores, free_ports
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class TPLayout:
     def of(cls, config: EngineConfig) -> TPLayout:
         """The layout `config` asks for; without dist_init_addr the ranks meet on a free
         loopback port (one node: config's check makes nnodes > 1 give the address)."""
-        addr = config.dist_init_addr or f"127.0.0.1:{_free_ports('127.0.0.1', 1)[0]}"
+        addr = config.dist_init_addr or f"127.0.0.1:{free_ports('127.0.0.1', 1)[0]}"
         return cls(
             config.tp_size, config.nnodes, config.node_rank, f"tcp://{addr}", config.dist_timeout
         )
@@ -64,7 +64,7 @@ class TPLayout:
                 )
             local = rank - self.local_ranks.start
             return dataclasses.replace(config, device=f"cuda:{local}")
-        threads = config.num_threads or max(1, _available_cores() // self.ranks_per_node)
+        threads = config.num_threads or max(1, available_cores() // self.ranks_per_node)
         # the node's ranks share its RAM: each plans its weights and KV pool in its share
         fraction = config.mem_fraction_static / self.ranks_per_node
         return dataclasses.replace(

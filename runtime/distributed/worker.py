@@ -28,7 +28,7 @@ from radixflow.runtime.distributed.layout import TPLayout
 from radixflow.runtime.distributed.step_channel import recv_forward
 from radixflow.runtime.model_loader import Checkpoint, load_checkpoint
 from radixflow.runtime.model_runner import ModelRunner
-from radixflow.runtime.server.data_parallel import _die_with_parent
+from radixflow.runtime.server.data_parallel import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def build_rank(config: EngineConfig, tp: TPGroup) -> tuple[ModelRunner | None, S
 
 def worker_main(config: EngineConfig, layout: TPLayout, rank: int, parent_pid: int) -> None:
     """The body of worker process `rank` (spawned by rank 0's node, or by `run_node`)."""
-    _die_with_parent()
+    die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before the death signal was armed
         sys.exit(1)
     logging.basicConfig(format=f"%(asctime)s %(levelname)s [tp{rank}] %(name)s: %(message)s")

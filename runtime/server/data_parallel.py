@@ -59,7 +59,7 @@ class ReplicaPlan:
         """torch intra-op threads of each replica: the user's, else this process's cores / N."""
         if self.num_threads is not None:
             return None  # already in worker_argv
-        return max(1, _available_cores() // self.dp_size)
+        return max(1, available_cores() // self.dp_size)
 
     def worker_command(self, port: int, shares_memory: bool) -> list[str]:
         """One replica's `radixflow serve`; replicas sharing one memory (the CPU's) each take
@@ -149,7 +149,7 @@ class Supervisor:
         gpus = replica_gpus(self.plan.device, self.plan.dp_size)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            ports = _free_ports("127.0.0.1", self.plan.dp_size)
+            ports = free_ports("127.0.0.1", self.plan.dp_size)
             for i, port in enumerate(ports):
                 env = None if gpus is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[i]}
                 url = f"http://127.0.0.1:{port}"
@@ -159,7 +159,7 @@ class Supervisor:
             if not self._wait(lambda: all(self._healthy(c.url) for c in workers)):
                 return 0
             urls = [c.url for c in workers]
-            prometheus = _free_ports(self.plan.host, 1)[0]
+            prometheus = free_ports(self.plan.host, 1)[0]
             router_url = f"http://{_connect_host(self.plan.host)}:{self.plan.port}"
             self._start("router", self.plan.router_command(urls, prometheus), router_url, None)
             if not self._wait(lambda: self._router_ready(router_url)):
@@ -190,7 +190,7 @@ class Supervisor:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,  # a terminal's Ctrl-C reaches only us; we forward it once
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         child = _Child(name, proc, url)
         assert proc.stdout is not None
@@ -265,13 +265,14 @@ class Supervisor:
                 child.proc.stdout.close()
 
 
-def _available_cores() -> int:
+def available_cores() -> int:
+    """CPU cores this process may run on."""
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
 
 
-def _free_ports(host: str, n: int) -> list[int]:
+def free_ports(host: str, n: int) -> list[int]:
     """n distinct ports free on `host` now (held together while chosen, so distinct)."""
     family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
     socks = [socket.socket(family) for _ in range(n)]
@@ -291,7 +292,7 @@ def _connect_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the supervisor dies, however it dies (Linux)."""
     if sys.platform.startswith("linux"):
         pr_set_pdeathsig = 1
