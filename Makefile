@@ -68,7 +68,7 @@ $(LLAMA_DIR)/bin/llama-server: $(VENV)/.torch
 	cmake -S $(LLAMA_SRC)/llama_cpp_python-*/vendor/llama.cpp -B $(LLAMA_DIR) \
 		-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
 		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-	cmake --build $(LLAMA_DIR) -j --target llama-server llama-bench
+	cmake --build $(LLAMA_DIR) -j $(shell nproc) --target llama-server llama-bench
 
 llama-cpp: $(LLAMA_DIR)/bin/llama-server
 

@@ -1,7 +1,9 @@
 """Batch-1 (and small-batch) decode speed in process: the fused CPU decode layers
 (runtime/layers/decode_block.py) against the layer-by-layer path, side by side in one engine.
 
-Each round times, for each path, `decode tokens / (time for 1 + tokens outputs - time for 1)`
+With the default `--quant-activations int8 float`, one engine with each (the packed matmuls'
+x rounded to int8, or kept fp32) runs the same rounds, one after the other. Each round times,
+for each path, `decode tokens / (time for 1 + tokens outputs - time for 1)`
 after a fresh prompt (greedy, ignore_eos), so prefill and the first step cancel; the rounds
 alternate the paths, and the table gives each path's median tok/s and their ratio, and the
 fused path's share of the batch-1 bound: copy bandwidth (read + write, as
@@ -13,7 +15,8 @@ benchmarks/cpu_peer.py) over the model's weight bytes, which every decode step r
 KV bookkeeping, the embedding and the final norm).
 
     python benchmarks/decode_speed.py [--model-path PATH] [--tokens 128] [--rounds 5] \\
-        [--batch 1 4] [--dtype auto] [--quantization auto] [--num-threads N] [--breakdown]
+        [--batch 1 4] [--dtype auto] [--quantization auto] [--quant-activations int8 float] \\
+        [--num-threads N] [--breakdown]
 """
 
 from __future__ import annotations
@@ -110,32 +113,25 @@ def breakdown(engine: rf.Engine, tokens: int, rng: random.Random) -> list[list[s
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-path", default=None, help="default: the default model")
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--batch", type=int, nargs="+", default=[1])
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantization", default="auto")
-    parser.add_argument("--num-threads", type=int, default=None, help="default: torch's")
-    parser.add_argument("--breakdown", action="store_true", help="time a step's stages")
-    args = parser.parse_args()
+def measure(args: argparse.Namespace, activations: str) -> tuple[list[list], list[list]]:
+    """Table rows (and the step breakdown, with --breakdown) of one engine."""
     engine = rf.Engine(
         args.model_path,
         dtype=args.dtype,
         quantization=args.quantization,
+        quant_activations=activations,
         num_threads=args.num_threads,
     )
     stack = engine.runner.model.decode_stack
     if stack.reason:
+        engine.shutdown()
         raise SystemExit(f"the fused decode layers do not run here: {stack.reason}")
     weight_bytes = module_bytes(engine.runner.model)
     bandwidth = copy_bandwidth()
     bound = bandwidth / weight_bytes
     print(
-        f"{weight_bytes / 2**20:.0f} MiB of weights; copy bandwidth {bandwidth / 1e9:.1f} GB/s; "
-        f"batch-1 decode bound {bound:.0f} tok/s"
+        f"{activations} activations: {weight_bytes / 2**20:.0f} MiB of weights; copy bandwidth "
+        f"{bandwidth / 1e9:.1f} GB/s; batch-1 decode bound {bound:.0f} tok/s"
     )
     rng = random.Random(0)
     rows = []
@@ -149,17 +145,46 @@ def main() -> None:
                     rates[fused].append(decode_rate(engine, batch, args.tokens, rng))
             fused, unfused = (statistics.median(rates[f]) for f in (True, False))
             share = f"{fused / bound:.0%}" if batch == 1 else ""
-            rows.append([batch, f"{unfused:.1f}", f"{fused:.1f}", f"{fused / unfused:.2f}x", share])
+            rows.append(
+                [activations, batch, f"{unfused:.1f}", f"{fused:.1f}", f"{fused / unfused:.2f}x"]
+                + [share]
+            )
         stack.enabled = True
         steps = breakdown(engine, args.tokens, rng) if args.breakdown else []
     finally:
         stack.enabled = True
         engine.shutdown()
-    headers = ["batch", "layer by layer tok/s", "fused tok/s", "ratio", "fused / bound"]
-    print_table(headers, rows)
+    return rows, [[activations, *step] for step in steps]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-path", default=None, help="default: the default model")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1])
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantization", default="auto")
+    parser.add_argument(
+        "--quant-activations",
+        nargs="+",
+        default=["int8", "float"],
+        choices=["int8", "float"],
+        help="one engine each, one after the other",
+    )
+    parser.add_argument("--num-threads", type=int, default=None, help="default: torch's")
+    parser.add_argument("--breakdown", action="store_true", help="time a step's stages")
+    args = parser.parse_args()
+    rows, steps = [], []
+    for activations in args.quant_activations:
+        engine_rows, engine_steps = measure(args, activations)
+        rows += engine_rows
+        steps += engine_steps
+    headers = ["activations", "batch", "layer by layer tok/s", "fused tok/s", "ratio"]
+    print_table([*headers, "fused / bound"], rows)
     if steps:
         print()
-        print_table(["batch-1 decode step stage", "ms", "share"], steps)
+        print_table(["activations", "batch-1 decode step stage", "ms", "share"], steps)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from .budget import GrammarLimits
 from .cfg import GrammarAutomaton, bnf_from_ebnf
 from .gbnf import gbnf_to_lark
 from .json_schema import schema_to_ir
+from .json_schema_memo import shared_memo
 from .json_schema_resolve import parse_schema_source
 from .lark_import import lark_to_bnf
 from .matcher import CompiledGrammar
@@ -36,7 +37,9 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
     tokenizer's length; ids past the tokenizer are never allowed. `compile_timeout` bounds
     each compilation in seconds (`CompileTimeout` is raised past it); `limits` bound what each
     compiled grammar builds as it is used. Compiled grammars are cached by source, least
-    recently used first out once their bytes (which grow with use) pass `cache_mb`.
+    recently used first out once their bytes (which grow with use) pass `cache_mb`; the IR of
+    JSON Schemas' `$ref`-free sub-schemas is shared by every compile in the process
+    (`json_schema_memo`, bounded).
 
     Malformed sources, sources past a size limit and compilations past the time limit all
     raise ValueError (`CompileTimeout` is one) naming the problem or the limit. Lark `%import`
@@ -59,6 +62,11 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
         self.limits = limits or GrammarLimits()
         self._cache: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
         self._cache_bytes = cache_mb * 2**20
+        # Bytes of each cached grammar when last counted, their total, and the calls since
+        # every grammar was last counted (see `_shrink`).
+        self._sizes: dict[tuple[str, str], int] = {}
+        self._total = 0
+        self._calls = 0
         self._lock = threading.Lock()
 
     @property
@@ -80,6 +88,8 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
         """Forget every cached grammar (matchers keep theirs alive while they are used)."""
         with self._lock:
             self._cache.clear()
+            self._sizes.clear()
+            self._total = 0
 
     def _cached(self, kind: str, source: str, build: Callable) -> CompiledGrammar:
         key = (kind, source)
@@ -87,21 +97,34 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
             got = self._cache.get(key)
             if got is not None:
                 self._cache.move_to_end(key)
-                self._shrink()  # cached grammars grow as requests use them
+                self._shrink(key)  # cached grammars grow as requests use them
                 return got
-        automaton = build(Deadline(self.compile_timeout))
+        deadline = Deadline(self.compile_timeout)
+        automaton = build(deadline)
+        deadline.check()  # lazy builds may do no work that checks the clock on the way
         got = CompiledGrammar(self.index, automaton, kind, source, self.limits)
         with self._lock:
             got = self._cache.setdefault(key, got)
             self._cache.move_to_end(key)
-            self._shrink()
+            self._shrink(key)
             return got
 
-    def _shrink(self) -> None:
-        """Drop least recently used grammars until the rest fit in the cache's bytes."""
-        total = sum(g.nbytes for g in self._cache.values())
-        while total > self._cache_bytes:
-            total -= self._cache.popitem(last=False)[1].nbytes
+    def _shrink(self, used: tuple[str, str]) -> None:
+        """Count the grammar under `used` again and drop least recently used grammars until
+        the rest fit in the cache's bytes. Grammars grow as requests use them: every grammar
+        is counted again once every len(cache) // 16 calls, so that a call costs the same
+        however many grammars the cache holds."""
+        self._calls += 1
+        if self._calls >= len(self._cache) // 16:
+            self._sizes = {k: g.nbytes for k, g in self._cache.items()}
+            self._total = sum(self._sizes.values())
+            self._calls = 0
+        else:
+            size = self._cache[used].nbytes
+            self._total += size - self._sizes.get(used, 0)
+            self._sizes[used] = size
+        while self._total > self._cache_bytes:
+            self._total -= self._sizes.pop(self._cache.popitem(last=False)[0])
 
     def compile(self, kind: str, source, *options) -> CompiledGrammar:
         """`source` as `kind`: regex, choices, json_schema (+ whitespace_pattern), lark, ebnf."""
@@ -155,7 +178,11 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
 
         def build(deadline: Deadline) -> ByteAutomaton:
             ir, defs = schema_to_ir(
-                source.canonical, whitespace_pattern, deadline, self.limits.free_value_depth
+                source.canonical,
+                whitespace_pattern,
+                deadline,
+                self.limits.free_value_depth,
+                shared_memo(),
             )
             if not defs:
                 return RegexAutomaton(ir, deadline)

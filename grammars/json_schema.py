@@ -2,8 +2,9 @@
 
 The parts: `json_schema_resolve` (keyword vocabulary, `$ref` resolution, `allOf` merging),
 `json_schema_strings` and `json_schema_numbers` (scalar translators), `json_schema_objects`
-(objects and arrays), `json_schema_disjoint` (the `oneOf` proof); here: dispatch, `$ref`s,
-combinators, enums and the free "any JSON value".
+(objects and arrays), `json_schema_disjoint` (the `oneOf` proof), `json_schema_memo` (sub-schema
+IR shared across compiles); here: dispatch, `$ref`s, combinators, enums and the free "any JSON
+value".
 
 Generated form (what a model is made to write):
 - compact by default: no whitespace anywhere, e.g. `{"a":1,"b":[1,2]}`; with `whitespace_pattern`
@@ -67,6 +68,7 @@ import functools
 from .budget import GrammarLimits
 from .disjoint import check_disjoint
 from .json_schema_disjoint import DisjointProver, json_common
+from .json_schema_memo import MAX_MEMO_DEPS, MAX_MEMO_READS, SubschemaMemo
 from .json_schema_numbers import NUMBER, check_numbers, integer_ir, number_ir
 from .json_schema_objects import (
     DEPENDENCY_KEYS,
@@ -74,11 +76,16 @@ from .json_schema_objects import (
     ContainerConverter,
     interleaved,
 )
-from .json_schema_resolve import HANDLED, TYPES, UNSUPPORTED, SchemaResolver
+from .json_schema_resolve import (
+    HANDLED,
+    TYPES,
+    UNSUPPORTED,
+    SchemaResolver,
+    ref_siblings_apply,
+)
 from .json_schema_strings import FORMATS, JSON_CHAR, compact_json, spellings, string_ir
 from .nfa import CompileTimeout, Deadline
 from .regex_algebra import combine
-from .regex_facts import remember
 from .regex_ir import EMPTY, Alt, Ref, alt, literal, opt, parse_regex, seq, star
 from .regex_terms import NEVER
 
@@ -86,20 +93,39 @@ from .regex_terms import NEVER
 class SchemaConverter(ContainerConverter):
     """Walks one schema; `convert` returns IR, recursive `$ref`s land in `defs`."""
 
-    def __init__(self, root, whitespace_pattern: str | None, deadline: Deadline, free_depth: int):
+    def __init__(
+        self,
+        root,
+        whitespace_pattern: str | None,
+        deadline: Deadline,
+        free_depth: int,
+        memo: SubschemaMemo | None = None,
+    ):
         self.deadline = deadline
-        self.schemas = SchemaResolver(root, deadline)
+        self.memo = memo  # sub-schema IR shared with other compiles
+        # what the memo keys on beside the schema (the draft: whether `$ref` siblings apply)
+        self._options = (whitespace_pattern, free_depth, ref_siblings_apply(root))
+        self.schemas = SchemaResolver(root, deadline, None if memo is None else memo.number)
         self.ws = EMPTY if whitespace_pattern is None else parse_regex(whitespace_pattern)
         self.defs: dict[str, object] = {}
         self._converted: dict[int, object] = {}  # IR by `SchemaResolver.key` of the schema
+        # What each conversion read of the document (see `convert`): ($ref, target number)s
+        # by key, or the key in `_unshared`; `_unshared_uses` counts uses of the latter.
+        self._deps: dict[int, frozenset[tuple[str, int]]] = {}
+        self._unshared: set[int] = set()
+        self._unshared_uses = 0
         # Schemas (by key) under conversion -> their rule's name, and the names used inside.
         self._pending: dict[int, str] = {}
         self._recursive: set[str] = set()
         self._any = free_values(whitespace_pattern, free_depth)
+        self._toks: dict[str, object] = {}  # punctuation with its whitespace, by text
 
     # ---- helpers -------------------------------------------------------------------------
     def _tok(self, text: str):
-        return seq(self.ws, literal(text), self.ws)
+        got = self._toks.get(text)
+        if got is None:
+            got = self._toks[text] = seq(self.ws, literal(text), self.ws)
+        return got
 
     def any_value(self):
         return self._any
@@ -115,16 +141,26 @@ class SchemaConverter(ContainerConverter):
             raise ValueError(f"{where}: a schema must be an object or a boolean, got {schema!r}")
         # Each distinct sub-schema is translated once; its IR is shared by every use. A schema
         # met again inside its own conversion (through `$ref`s, merged `allOf` parts included)
-        # becomes a grammar rule.
+        # becomes a grammar rule. What a conversion read of the document around it is the
+        # `$ref`s it resolved and their targets (`deps`, those of conversions it reused
+        # included): with the same ones, the same schema has the same IR in any document, so
+        # the memo keeps it for later compiles, unless it holds a rule (recursion) or reads
+        # more than MAX_MEMO_DEPS references (MAX_MEMO_READS with repeats).
         key = self.schemas.key(schema)
         got = self._converted.get(key)
+        if got is not None:
+            self._reuse(key)
+            return got
+        got = self._from_memo(key)
         if got is not None:
             return got
         name = self._pending.get(key)
         if name is not None:
             self._recursive.add(name)
+            self._unshared_uses += 1
             return Ref(name)
         name = self._pending[key] = f"{where}@{key}"
+        start, unshared = len(self.schemas.resolved), self._unshared_uses
         self.schemas.enter(where)
         try:
             got = self._convert_object(schema, where)
@@ -135,7 +171,36 @@ class SchemaConverter(ContainerConverter):
             self.defs[name] = got
             got = Ref(name)
         self._converted[key] = got
+        reads = len(self.schemas.resolved) - start  # repeats included
+        deps = frozenset(self.schemas.resolved[start:]) if reads <= MAX_MEMO_READS else None
+        if self._unshared_uses != unshared or deps is None or len(deps) > MAX_MEMO_DEPS:
+            self._unshared.add(key)
+            self._unshared_uses += 1
+        else:
+            self._deps[key] = deps
+            if self.memo is not None:
+                self.memo.put((*self._options, key), (got, deps))
         return got
+
+    def _reuse(self, key: int) -> None:
+        """Account for reusing this compile's conversion of `key` (see `convert`)."""
+        if key in self._unshared:
+            self._unshared_uses += 1
+        else:
+            self.schemas.resolved.extend(self._deps[key])
+
+    def _from_memo(self, key: int):
+        """IR an earlier compile made of `key` reading the same `$ref` targets, or None."""
+        got = None if self.memo is None else self.memo.get((*self._options, key))
+        if got is None:
+            return None
+        ir, deps = got
+        if not all(self.schemas.points_to(ref, number) for ref, number in deps):
+            return None
+        self._converted[key] = ir
+        self._deps[key] = deps
+        self.schemas.resolved.extend(deps)
+        return ir
 
     def _convert_object(self, schema: dict, where: str):
         if "$ref" in schema and self.schemas.bare_ref(schema):
@@ -348,9 +413,8 @@ def free_values(whitespace_pattern: str | None, depth: int):
     """IR of any JSON value nesting at most `depth` arrays/objects.
 
     Each level is built from the one below and shares every other node with it, so the IR
-    stays small and linear in the depth. Built once per process for each (whitespace, depth),
-    with its facts kept for every NFA (`regex_facts.remember`): most schemas hold it
-    somewhere, and neither it nor its facts are then built again per compile."""
+    stays small and linear in the depth. Built once per process for each (whitespace, depth):
+    most schemas hold it somewhere, and it is then not built again per compile."""
     ws = EMPTY if whitespace_pattern is None else parse_regex(whitespace_pattern)
     string = seq(literal('"'), star(JSON_CHAR), literal('"'))
     comma, colon = (seq(ws, literal(t), ws) for t in ",:")
@@ -365,7 +429,6 @@ def free_values(whitespace_pattern: str | None, depth: int):
         array = seq(open_array, opt(seq(items, ws)), close_array)
         obj = seq(open_object, opt(seq(pairs, ws)), close_object)
         level = alt(scalar, array, obj)
-    remember(level)
     return level
 
 
@@ -384,14 +447,17 @@ def schema_to_ir(
     whitespace_pattern: str | None,
     deadline: Deadline,
     free_depth: int = GrammarLimits.free_value_depth,
+    memo: SubschemaMemo | None = None,
 ):
     """(IR of the top-level value, {ref: IR} of recursive definitions; empty when regular).
 
-    Values the schema leaves free nest at most `free_depth` arrays/objects deep."""
+    Values the schema leaves free nest at most `free_depth` arrays/objects deep. With `memo`
+    (`json_schema_memo.shared_memo()`), sub-schemas that earlier compiles converted reading the
+    same `$ref` targets are taken from it, and this compile's are added."""
     if not isinstance(schema, (dict, bool)):
         raise ValueError(
             f"a JSON schema must be an object or a boolean, got {type(schema).__name__}"
         )
-    conv = SchemaConverter(schema, whitespace_pattern, deadline, free_depth)
+    conv = SchemaConverter(schema, whitespace_pattern, deadline, free_depth, memo)
     ir = conv.convert(schema)
     return ir, conv.defs

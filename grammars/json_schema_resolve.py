@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 import urllib.parse
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,13 +135,21 @@ def _children(node, kind: str) -> list[tuple[object, object, str]]:
 class SchemaResolver:
     """Resolves local `$ref`s in `root` and merges `allOf` parts into one schema."""
 
-    def __init__(self, root, deadline: Deadline):
+    def __init__(self, root, deadline: Deadline, number: Callable[[Hashable], int] | None = None):
+        """`number` numbers structures for `key` (shared by compiles: `json_schema_memo`);
+        by default, numbers of this resolver's own."""
         self.root = root
         self.deadline = deadline
         self.ref_siblings = ref_siblings_apply(root)
         self.depth = 0  # conversions and merges under way, nested (`enter`)
         self._keys: dict[int, tuple[object, int]] = {}  # id -> (node kept alive, key)
-        self._shapes: dict[Hashable, int] = {}
+        if number is None:
+            shapes: dict[Hashable, int] = {}
+            number = lambda shape: shapes.setdefault(shape, len(shapes))  # noqa: E731
+        self._number = number
+        # (ref, number of its target) per `resolve` call so far: what a conversion read of
+        # the document around it
+        self.resolved: list[tuple[str, int]] = []
 
     def enter(self, where: str) -> None:
         """One more nested conversion or merge; raises past `MAX_SCHEMA_DEPTH` (pair with
@@ -171,7 +179,7 @@ class SchemaResolver:
                 continue
             parts = tuple(self._leaf(v) for v in values)
             shape = (tuple(item), parts) if isinstance(item, dict) else (None, parts)
-            self._keys[id(item)] = (item, self._shapes.setdefault(shape, len(self._shapes)))
+            self._keys[id(item)] = (item, self._number(shape))
         return self._keys[id(node)][1]
 
     def _leaf(self, value) -> Hashable:
@@ -210,7 +218,19 @@ class SchemaResolver:
         node = json_pointer(self.root, ref)
         if node is None:
             raise ValueError(f"{where}: cannot resolve $ref {ref!r}")
+        self.resolved.append((ref, self.number_of(node)))
         return node
+
+    def points_to(self, ref: str, number: int) -> bool:
+        """Whether `ref` resolves here to a value numbered `number` (see `number_of`)."""
+        node = json_pointer(self.root, ref) if ref.startswith("#") else None
+        return node is not None and self.number_of(node) == number
+
+    def number_of(self, value) -> int:
+        """`key` of any JSON value, scalars included."""
+        if isinstance(value, (dict, list)):
+            return self.key(value)
+        return self._number(("value", self._leaf(value)))
 
     def inline(self, schema, where: str):
         """`schema` with a top-level $ref replaced by its (non-recursive) target."""

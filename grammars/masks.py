@@ -26,6 +26,19 @@ UTF-8 characters back to itself (free JSON string content; `WalkTable.text_state
 automaton against `TEXT_MOVES` state by state), every token whose bytes are text is allowed
 and its state is known from its UTF-8 phase, so the walk reads only the nodes that are not
 text (those with a quote, a backslash, a control byte or broken UTF-8 in their prefix).
+
+Shortcut for text subtrees: a walk from any other state stops at a node whose prefix is whole
+characters of text and whose state reads text (a property name once it no longer starts a
+declared one, say). Every text token under it is allowed (`TokenizerIndex.pre`/`size` give
+its subtree as an interval), and only the nodes under it that are not text are walked, from
+their text parents' states by UTF-8 phase, as in the free text shortcut.
+
+The tail: below depth `TokenizerIndex.tail_depth` (16 for SmolLM2) the trie holds a few long
+tokens, mostly runs of one byte (`####...`, `----...`, newline and spaces), which a walk by
+depth would take ~65 more depths, a dozen numpy calls each, to read. Every walk stops at that
+depth, and `tail_values` walks the rest by runs (`TokenizerIndex.tail`): all the runs of a
+level step together, and once no run's state changes on its byte (a state that loops on it,
+or dead) the remaining bytes of every run are known at once.
 """
 
 from __future__ import annotations
@@ -35,12 +48,17 @@ import torch
 
 from .automaton import ByteAutomaton
 from .states import DICT_ENTRY_BYTES
-from .tokenizer_index import PLAIN_BYTES, TEXT_MOVES, TokenizerIndex
+from .tokenizer_index import NOT_TEXT, PLAIN_BYTES, TEXT_MOVES, TokenizerIndex
 
 _DEAD = 0
 _PENDING = -1
 # Use the frontier for the next depth when fewer than 1/_SPARSE of its nodes could be alive.
 _SPARSE = 8
+# Look for text subtrees only in the first _ABSORB_DEPTHS depths (where nearly all of them
+# start; deeper, looking at every depth costs more than it saves) and only where at least
+# _ABSORB_MIN nodes are alive (fewer cost less to walk than to look at).
+_ABSORB_DEPTHS = 4
+_ABSORB_MIN = 64
 
 
 def allocate_token_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
@@ -63,10 +81,27 @@ class WalkTable:
         self.flat[:256] = _DEAD
         self._plain: dict[int, int | None] = {}
         self._text: dict[int, list[int] | None] = {}
+        self._reads_text = np.zeros(256, dtype=np.int8)  # per state: 0 unknown, 1 yes, 2 no
 
     @property
     def nbytes(self) -> int:
-        return self.flat.nbytes + (len(self._plain) + len(self._text)) * DICT_ENTRY_BYTES
+        dicts = (len(self._plain) + len(self._text)) * DICT_ENTRY_BYTES
+        return self.flat.nbytes + self._reads_text.nbytes + dicts
+
+    def reads_text(self, states: np.ndarray) -> np.ndarray:
+        """Whether `text_states` of each of `states` (ints >= 0) is not None."""
+        top = int(states.max()) + 1
+        if top > self._reads_text.shape[0]:
+            grown = np.zeros(max(top, 2 * self._reads_text.shape[0]), dtype=np.int8)
+            grown[: self._reads_text.shape[0]] = self._reads_text
+            self._reads_text = grown
+        got = self._reads_text.take(states)
+        unknown = got == 0
+        if unknown.any():
+            for s in np.unique(states[unknown]).tolist():
+                self._reads_text[s] = 2 if self.text_states(s) is None else 1
+            got = self._reads_text.take(states)
+        return got == 1
 
     def text_states(self, state: int) -> list[int] | None:
         """The state after text in each UTF-8 phase from `state` (phase 0 = `state`), when
@@ -103,10 +138,11 @@ class WalkTable:
 
     def fill(self, states: list[int]) -> None:
         """Compute and copy the rows of `states` (ints >= 0)."""
-        rows = [(s, self.automaton.row(s)) for s in states]
-        self._grow((max(max(s, int(row.max())) for s, row in rows) + 2) * 256)
-        for s, row in rows:
-            self.flat[(s + 1) * 256 : (s + 2) * 256] = np.where(row >= 0, (row + 1) * 256, _DEAD)
+        rows = np.stack([self.automaton.row(s) for s in states])
+        self._grow((max(max(states), int(rows.max())) + 2) * 256)
+        rows += 1  # dead (-1) becomes value 0
+        rows *= 256
+        self.flat.reshape(-1, 256)[np.asarray(states) + 1] = rows
 
     def step(self, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Child values for `values` = parent value + child byte; fills pending rows first."""
@@ -126,14 +162,17 @@ class WalkTable:
 
 def node_values(
     index: TokenizerIndex, table: WalkTable, state: int
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Walk values from `state`: (int32[num_nodes + 1] per node, 0 = dead and last = 0;
-    bool per depth: plain nodes of that depth are alive though their value was not written)."""
+    bool per depth: plain nodes of that depth are alive though their value was not written;
+    None, or per preorder number (and one past the last) non-zero inside a text subtree,
+    whose text nodes are alive though their value was not written)."""
     values = np.zeros(index.num_nodes + 1, dtype=np.int32)
     values[0] = table.value(state)
+    absorbed: list[tuple[np.ndarray, np.ndarray]] = []
     starts = index.depth_start
-    last = starts.shape[0] - 1
-    plain_alive = np.zeros(last + 1, dtype=bool)
+    plain_alive = np.zeros(starts.shape[0], dtype=bool)
+    last = min(starts.shape[0] - 1, index.tail_depth + 1)  # one past the last depth walked here
     first = _plain_depths(index, table, state, values, plain_alive)
     if first == 1:
         live = np.zeros(1, dtype=np.int64)  # alive nodes of the previous depth
@@ -162,9 +201,74 @@ def node_values(
             got = table.step(step)
             values[nodes] = got
             live = nodes[got != _DEAD]
+        if d <= _ABSORB_DEPTHS and live.size >= _ABSORB_MIN:
+            live = _absorb(index, table, values, live, absorbed)
         dense = live.size * _SPARSE >= int(starts[min(d + 2, last)]) - hi
+    owner = _text_subtrees(index, table, values, absorbed) if absorbed else None
+    tail_values(index, table, values)
     values[0] = _DEAD
-    return values, plain_alive
+    return values, plain_alive, owner
+
+
+def _absorb(
+    index: TokenizerIndex,
+    table: WalkTable,
+    values: np.ndarray,
+    live: np.ndarray,
+    absorbed: list[tuple[np.ndarray, np.ndarray]],
+) -> np.ndarray:
+    """`live` less its nodes that start a text subtree (whole characters of text, children,
+    a state that reads text); those are zeroed and kept in `absorbed` with their states."""
+    stop = (index.text_phase.take(live) == 0) & (index.child_count.take(live) > 0)
+    if not stop.any():
+        return live
+    states = (values.take(live[stop]) >> 8) - 1
+    stop[stop] = table.reads_text(states)
+    if not stop.any():
+        return live
+    nodes = live[stop]
+    absorbed.append((nodes, (values.take(nodes) >> 8) - 1))
+    values[nodes] = _DEAD  # the walk goes on below the other nodes only
+    return live[~stop]
+
+
+def _text_subtrees(
+    index: TokenizerIndex,
+    table: WalkTable,
+    values: np.ndarray,
+    absorbed: list[tuple[np.ndarray, np.ndarray]],
+) -> np.ndarray:
+    """Values of the nodes under `absorbed` that are not text (and of the text ones of depth
+    `tail_depth`, which the tail reads); per preorder number, 1 + which reading state's subtree
+    it is in (0 outside)."""
+    nodes = np.concatenate([n for n, _ in absorbed])
+    kinds, which = np.unique(np.concatenate([s for _, s in absorbed]), return_inverse=True)
+    by_phase = np.array(
+        [[table.value(t) for t in table.text_states(k)] for k in kinds.tolist()], dtype=np.int32
+    )
+    owner = np.zeros(index.num_nodes + 1, dtype=np.int32)
+    starts = index.pre.take(nodes)
+    owner[starts] = which + 1  # the subtrees are disjoint: a start or an end is never shared
+    owner[starts + index.size.take(nodes)] -= which.astype(np.int32) + 1
+    np.cumsum(owner, out=owner)
+    feed = owner.take(index.text_feed_pre)
+    at = np.flatnonzero(feed)
+    values[index.text_feed_nodes[at]] = by_phase[feed[at] - 1, index.text_feed_phase[at]]
+    rough = index.rough_start
+    first = int(np.searchsorted(index.depth_start, nodes.min(), side="right"))
+    for d in range(first, min(rough.shape[0] - 1, index.tail_depth + 1)):
+        lo, hi = rough[d], rough[d + 1]
+        if lo < hi:  # every node not text has a parent that is not text or a feed node
+            step = values.take(index.rough_parent[lo:hi])
+            np.add(step, index.rough_byte[lo:hi], out=step)
+            values[index.rough_nodes[lo:hi]] = table.step(step)
+    roots = index.tail_roots
+    if roots.size:
+        phase = index.text_phase.take(roots)
+        inside = owner.take(index.pre.take(roots))
+        at = np.flatnonzero((inside != 0) & (phase != NOT_TEXT))
+        values[roots[at]] = by_phase[inside[at] - 1, phase[at]]
+    return owner
 
 
 def _plain_depths(
@@ -176,10 +280,11 @@ def _plain_depths(
 ) -> int:
     """Walk depths 1.. by the string-content shortcut while it applies; the next depth."""
     d = 1
-    while d < index.depth_start.shape[0] - 1:
-        nxt = table.plain_successor(state)
+    last = min(index.depth_start.shape[0] - 1, index.tail_depth + 1)
+    while True:
+        nxt = table.plain_successor(state) if d < last else None
         if nxt is None:
-            if d > 1:  # the full walk from depth d reads every node of depth d - 1
+            if d > 1:  # the full walk (or the tail) from depth d reads every node of d - 1
                 plain = index.plain_nodes[index.plain_start[d - 1] : index.plain_start[d]]
                 values[plain] = table.value(state)
             break
@@ -205,13 +310,40 @@ def text_values(index: TokenizerIndex, table: WalkTable, states: list[int]) -> n
     by_phase = np.array([table.value(s) for s in states], dtype=np.int32)
     values[index.text_feed_nodes] = by_phase.take(index.text_feed_phase)
     starts = index.rough_start
-    for d in range(1, starts.shape[0] - 1):
+    for d in range(1, min(starts.shape[0] - 1, index.tail_depth + 1)):
         lo, hi = starts[d], starts[d + 1]
         if lo < hi:
             step = values.take(index.rough_parent[lo:hi])
             np.add(step, index.rough_byte[lo:hi], out=step)
             values[index.rough_nodes[lo:hi]] = table.step(step)
+    roots = index.tail_roots  # the tail reads them: text ones by their phase
+    if roots.size:
+        phase = index.text_phase.take(roots)
+        text = phase != NOT_TEXT
+        values[roots[text]] = by_phase.take(phase[text])
+        tail_values(index, table, values)
     return values
+
+
+def tail_values(index: TokenizerIndex, table: WalkTable, values: np.ndarray) -> None:
+    """Write the values of the nodes deeper than the index's `tail_depth`, from those of that
+    depth, by runs of one byte (see module docstring)."""
+    if not index.tail or not values.take(index.tail_roots).any():
+        return  # the tail hangs below these: all of it stays dead (0)
+    for level in index.tail:
+        cur = values.take(level.src)
+        if not cur.any():
+            continue  # every node of the level stays dead (0)
+        kstart, nodes = level.kstart, level.nodes
+        for j in range(1, kstart.shape[0] - 1):
+            lo, hi = int(kstart[j]), int(kstart[j + 1])
+            cur = cur[: hi - lo]
+            nxt = table.step(cur + level.byte[: hi - lo])
+            values[nodes[lo:hi]] = nxt
+            if (nxt == cur).all():  # each run's state loops on its byte: so do the rest
+                values[nodes[hi:]] = nxt.take(level.group[hi:])
+                break
+            cur = nxt
 
 
 def compute_mask(index: TokenizerIndex, table: WalkTable, state: int) -> np.ndarray:
@@ -226,9 +358,12 @@ def compute_mask(index: TokenizerIndex, table: WalkTable, state: int) -> np.ndar
         if table.automaton.is_accepting(state):
             _set_bits(words, np.array(index.eos_ids, dtype=np.int64))
         return words
-    values, plain_alive = node_values(index, table, state)
+    values, plain_alive, owner = node_values(index, table, state)
     allowed = values.take(index.mask_node) != _DEAD
-    allowed |= plain_alive.take(index.mask_depth)
+    if plain_alive.any():
+        allowed |= plain_alive.take(index.mask_depth)
+    if owner is not None:
+        allowed |= (owner.take(index.mask_pre) != 0) & index.mask_text
     if table.automaton.is_accepting(state):
         allowed[list(index.eos_ids)] = True
     return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)

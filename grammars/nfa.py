@@ -53,6 +53,7 @@ from .states import DICT_ENTRY_BYTES, StateRows
 
 MAX_NFA_STATES = 500_000
 _CHECK_EVERY = 256  # closure steps between clock checks
+_DEAD_ROW = np.full(256, -1, dtype=np.int32)  # copied: cheaper than np.full for every row
 
 # Per NFA state: its two lists, its id, its key and todo entry (measured, roughly).
 _NFA_STATE_BYTES = 2 * sys.getsizeof([]) + 32 + 200
@@ -91,7 +92,7 @@ class NFA:
         self.deadline = deadline or Deadline(None)
         self.budget: GrammarBudget | None = None  # set by the LazyDFA that walks it
         self.nbytes = 0
-        self.facts = IrFacts(self.check, lambda ranges: not _sequences(ranges))
+        self.facts = IrFacts(self.check)
         # None: not made yet (a lifted state's moves or edges, made on first use)
         self._eps: list[tuple[int, ...] | None] = []
         self._edges: list[tuple[tuple[int, int, int], ...] | None] = []
@@ -413,7 +414,7 @@ class LazyDFA:
 
     def _compute_row(self, state: int) -> np.ndarray:
         edges = sorted(e for s in self.sets[state] for e in self.nfa.edges(s))
-        row = np.full(256, -1, dtype=np.int32)
+        row = _DEAD_ROW.copy()
         if all(e[1] < f[0] for e, f in zip(edges, edges[1:], strict=False)):
             # No two edges share a byte (a literal, a character class): one target each.
             for lo, hi, t in edges:

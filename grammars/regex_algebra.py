@@ -15,13 +15,15 @@ in the text, where Python's backtracking `re` can take exponential time on a req
 
 from __future__ import annotations
 
+import functools
+import math
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .budget import GrammarLimits
 from .nfa import Deadline
-from .regex_dfa import DfaTable
+from .regex_dfa import DfaTable, Moves
 from .regex_ir import (
     MAX_CODEPOINT,
     Alt,
@@ -86,9 +88,9 @@ def exclude_words(ir, words: Sequence[str], deadline: Deadline | None = None):
         banned = Alt(tuple(literal(w) for w in dict.fromkeys(words)))
         return combine([ir, banned], lambda got: got[0] and not got[1], deadline)
     deadline = deadline or Deadline(None)
-    kids, ends = _trie(words, deadline)
     if table[0] is _ANY_TABLE:
-        return Dfa(_all_but(kids, ends), 0)
+        return Dfa(_all_but(tuple(dict.fromkeys(words))), 0)
+    kids, ends = _trie(words, deadline)
     out = _without_trie(table[0], table[1], kids, ends, deadline)
     return NEVER if out is None else Dfa(out, 0)
 
@@ -130,18 +132,38 @@ def _trie(words: Sequence[str], deadline: Deadline) -> tuple[list[dict[int, int]
     return kids, ends
 
 
-def _all_but(kids: list[dict[int, int]], ends: list[bool]) -> DfaTable:
-    """Every string but the trie's words: the trie's nodes, then one state past the trie
-    (every node has a code point that leaves the trie, so each can reach acceptance)."""
+@functools.lru_cache(maxsize=1024)
+def _all_but(words: tuple[str, ...]) -> DfaTable:
+    """Every string but `words`: the nodes of their trie, then one state past the trie (every
+    node has a code point that leaves the trie, so each can reach acceptance). Each node's
+    row is made when a walk first reads it; tables are shared by the requests that exclude
+    the same names (an object's declared names, often the same across schemas)."""
+    kids, ends = _trie(words, Deadline(None))
     past = len(kids)
-    moves = []
-    for children in kids:
-        points = sorted(children)
-        row = [(((cp, cp),), children[cp]) for cp in points]
-        row.append((_punch(ANY_CHAR, points), past))
-        moves.append(tuple(row))
-    moves.append(((ANY_CHAR, past),))
-    return DfaTable(moves, [not end for end in ends] + [True])
+    shortest = [1 if end else 0 for end in ends] + [0]
+    accepting = [not end for end in ends] + [True]
+    return DfaTable(_AllButRows(kids, past), accepting, (shortest, [math.inf] * (past + 1)))
+
+
+class _AllButRows(Sequence):
+    """The rows of `_all_but`'s table, each made on first use."""
+
+    def __init__(self, kids: list[dict[int, int]], past: int):
+        self._kids = kids
+        self._rows: list[Moves | None] = [None] * past + [((ANY_CHAR, past),)]
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, s):  # an int, as DfaTable's readers index it
+        row = self._rows[s]
+        if row is None:
+            children = self._kids[s]
+            points = sorted(children)
+            out = [(((cp, cp),), children[cp]) for cp in points]
+            out.append((_punch(ANY_CHAR, points), len(self._rows) - 1))
+            row = self._rows[s] = tuple(out)
+        return row
 
 
 def _without_trie(

@@ -10,7 +10,7 @@ the rest), so a state is alive unless a length bound rules it out, which `live` 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from .regex_ir import Ranges
 
@@ -20,11 +20,17 @@ Moves = tuple[tuple[Ranges, int], ...]  # (code point ranges, target state) per 
 class DfaTable:
     """States 0..n-1 with `moves[s]` and `accepting[s]`; all of them can reach acceptance."""
 
-    def __init__(self, moves: list[Moves], accepting: list[bool]):
-        self.moves = moves
+    def __init__(
+        self,
+        moves: Sequence[Moves],
+        accepting: list[bool],
+        lengths: tuple[list[float], list[float]] | None = None,
+    ):
+        self.moves = moves  # any sequence: a builder may make each row when it is first read
         self.accepting = accepting
-        self.shortest = self._shortest()  # per state: the shortest accepted suffix
-        self.longest = self._longest()  # per state: the longest one (inf past a cycle)
+        # per state: the shortest accepted suffix, and the longest one (inf past a cycle);
+        # `lengths` gives both when the builder knows them (so no row is read here)
+        self.shortest, self.longest = lengths or (self._shortest(), self._longest())
         self._lengths: dict[int, list[int]] = {}  # bits: accepted suffix lengths, by width
 
     def __len__(self) -> int:
@@ -76,6 +82,13 @@ class DfaTable:
     ) -> bool:
         """Whether state `s`, `count` code points in, has an accepted suffix that ends the word
         with a length in [lo, hi]."""
+        got = self.known_live(s, count, lo, hi)
+        if got is None:
+            got = self._window(self._suffix_lengths(lo + len(self), check)[s], count, lo, hi)
+        return got
+
+    def known_live(self, s: int, count: int, lo: int, hi: int | None) -> bool | None:
+        """`live` when it needs no suffix lengths that are not computed yet, else None."""
         if hi is not None and count + self.shortest[s] > hi:
             return False
         if count >= lo:
@@ -87,9 +100,14 @@ class DfaTable:
         # (cut a cycle out of a longer one); only narrower windows need the exact lengths.
         if hi is None or hi - count >= need + len(self):
             return True
-        bits = self._suffix_lengths(lo + len(self), check)[s]
-        window = ((1 << (hi - count - need + 1)) - 1) << need
-        return bool(bits & window)
+        got = self._lengths.get(lo + len(self))
+        return None if got is None else self._window(got[s], count, lo, hi)
+
+    @staticmethod
+    def _window(bits: int, count: int, lo: int, hi: int) -> bool:
+        """Whether a suffix length in `bits` ends the word with a length in [lo, hi]."""
+        need = lo - count
+        return bool(bits & (((1 << (hi - count - need + 1)) - 1) << need))
 
     def _suffix_lengths(self, width: int, check: Callable[[], None] | None) -> list[int]:
         """Per state, bit k set when it has an accepted suffix of length k (k < width)."""

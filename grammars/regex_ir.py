@@ -31,19 +31,61 @@ MAX_CODEPOINT = 0x10FFFF
 Ranges = tuple[tuple[int, int], ...]
 
 
+# Every node but `Ref` knows at construction, from its children's, whether it matches nothing
+# and whether it matches the empty word: `facts` is (dead, nullable), None when unknown (under
+# a `Ref`, a repeat with max < min, a `Dfa` whose length window needs work). The lazy NFA asks
+# for them at every node it builds (`regex_facts`), so no compile walks its whole IR for them.
+_FACTS = [(False, False), (False, True), (True, False), (True, True)]  # shared, not allocated
+
+
+def set_facts(node, dead: bool, nullable: bool) -> None:
+    object.__setattr__(node, "facts", _FACTS[2 * bool(dead) + bool(nullable)])
+
+
 @dataclass(frozen=True, eq=False)
 class Chars:
     ranges: Ranges
+    facts = None
+
+    def __post_init__(self) -> None:
+        # dead when no code point in it has a UTF-8 encoding (surrogates, out of range)
+        live = any(
+            lo <= hi and ((lo <= 0xD7FF and hi >= 0) or (lo <= MAX_CODEPOINT and hi >= 0xE000))
+            for lo, hi in self.ranges
+        )
+        set_facts(self, not live, False)
 
 
 @dataclass(frozen=True, eq=False)
 class Seq:
     items: tuple
+    facts = None
+
+    def __post_init__(self) -> None:
+        dead, nullable = False, True
+        for item in self.items:
+            got = getattr(item, "facts", None)
+            if got is None:
+                return
+            dead = dead or got[0]
+            nullable = nullable and got[1]
+        set_facts(self, dead, nullable)
 
 
 @dataclass(frozen=True, eq=False)
 class Alt:
     items: tuple
+    facts = None
+
+    def __post_init__(self) -> None:
+        dead, nullable = True, False
+        for item in self.items:
+            got = getattr(item, "facts", None)
+            if got is None:
+                return
+            dead = dead and got[0]
+            nullable = nullable or (got[1] and not got[0])
+        set_facts(self, dead, nullable)
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,6 +93,12 @@ class Repeat:
     item: object
     lo: int
     hi: int | None
+    facts = None
+
+    def __post_init__(self) -> None:
+        got = getattr(self.item, "facts", None)
+        if got is not None and (self.hi is None or self.hi >= self.lo):
+            set_facts(self, self.lo > 0 and got[0], self.lo == 0 or got[1])
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,6 +112,12 @@ class Dfa:
     lo: int = 0
     hi: int | None = None
     spell: Callable[[Chars], object] | None = None
+    facts = None
+
+    def __post_init__(self) -> None:
+        live = self.table.known_live(self.start, 0, self.lo, self.hi)
+        if live is not None:
+            set_facts(self, not live, self.nullable)
 
     @property
     def nullable(self) -> bool:
@@ -123,8 +177,10 @@ def _char(c: str) -> Chars:
     return Chars(((ord(c), ord(c)),))
 
 
+@functools.lru_cache(maxsize=8192)
 def literal(text: str) -> Seq:
-    """IR matching exactly `text` (one shared node per character: large enums stay small DAGs)."""
+    """IR matching exactly `text` (one shared node per character: large enums stay small DAGs;
+    one shared node per text: property names and punctuation recur in every schema)."""
     return Seq(tuple(map(_char, text)))
 
 
@@ -324,16 +380,24 @@ def fold(
     memo: dict,
     value: Callable[[object, list], object],
     tick: Callable[[], None] | None = None,
+    known: Callable[[object], object] | None = None,
 ) -> object:
     """`value(node, [values of its children])` for `root`, computed bottom-up over the IR DAG
     with a loop (deep schemas nest IR hundreds of levels) and kept in `memo` by node id, for
-    every node below it too; `tick()` runs once per new node (a clock)."""
+    every node below it too; `tick()` runs once per new node (a clock). A node for which
+    `known(node)` is not None has that value, and its children are not visited."""
     stack = [root]
     while stack:
         node = stack[-1]
         if id(node) in memo:
             stack.pop()
             continue
+        if known is not None:
+            got = known(node)
+            if got is not None:
+                memo[id(node)] = got
+                stack.pop()
+                continue
         size = len(stack)
         kids = children(node)
         stack.extend(k for k in kids if id(k) not in memo)

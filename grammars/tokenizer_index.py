@@ -27,7 +27,23 @@ prefix ends (the phase of `TEXT_MOVES`, 0 = between characters; `NOT_TEXT` for t
 nodes); `rough_nodes` / `rough_start` / `rough_parent` / `rough_byte` list the nodes that are
 not text by depth, `text_feed_nodes` (with `text_feed_phase`) the text nodes with a child that
 is not, `text_words` the packed mask of the tokens that are text, and `rough_tokens` /
-`rough_token_nodes` the tokens that are not (ids, nodes).
+`rough_token_nodes` the tokens that are not (ids, nodes); `mask_text[i]` whether mask bit i's
+token is text.
+
+`pre[n]` numbers the nodes in depth-first preorder (children by byte), so the subtree of n is
+the nodes numbered `pre[n]` .. `pre[n] + size[n]`; `mask_pre[i]` is that number for mask bit i's
+token node (num_nodes where there is none) and `text_feed_pre` for each text feed node.
+
+Nodes deeper than `tail_depth` (the few long tokens: runs of `#`, `-`, `=`, spaces, ~80 bytes
+deep) are `tail` levels, walked by runs instead of one depth at a time. A tail node's trailing
+run is the bytes, all equal to its own, back to `src` (a tail node or one of depth
+`tail_depth`), `k` of them; its level is one more than `src`'s (0 at depth `tail_depth`).
+`tail_depth` is the first of `TAIL_DEPTHS` whose tail has at most `MAX_TAIL_LEVELS` levels
+(long tokens that are not runs of one byte, such as repeated multi-byte characters, make a
+level per byte); when none does, there is no tail and `tail_depth` is the trie's depth. In a
+level, each (src, byte) pair is a group, ordered by run length, longest first; `nodes` lists
+the level's nodes by k, then by group, so the nodes at k = j are groups 0.. of that slice
+(`kstart[j]` .. `kstart[j + 1]`), and `group` holds each node's group.
 """
 
 from __future__ import annotations
@@ -39,6 +55,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+TAIL_DEPTHS = (16, 20, 24, 32, 48, 64)
+MAX_TAIL_LEVELS = 12
 PLAIN_BYTES = np.array([b for b in range(0x20, 0x7F) if b not in b'"\\'], dtype=np.uint8)
 NOT_TEXT = 255
 
@@ -91,6 +109,17 @@ _UNICODE_TO_BYTE = {c: b for b, c in _byte_to_unicode().items()}
 
 
 @dataclass(frozen=True)
+class TailLevel:
+    """One level of the trie's tail, walked by runs of one byte (see module docstring)."""
+
+    src: np.ndarray  # int32[groups]: the node each group's run starts after
+    byte: np.ndarray  # int32[groups]: the run's byte
+    nodes: np.ndarray  # int32: the level's nodes, by k, then by group
+    kstart: np.ndarray  # int64[max k + 2]: nodes at k = j are nodes[kstart[j]:kstart[j + 1]]
+    group: np.ndarray  # int64: each node's group (same order as `nodes`)
+
+
+@dataclass(frozen=True)
 class TokenizerIndex:
     """Token bytes and the byte trie for one vocabulary (see module docstring)."""
 
@@ -123,6 +152,14 @@ class TokenizerIndex:
     text_words: np.ndarray  # int32[num_words]
     rough_tokens: np.ndarray  # int64
     rough_token_nodes: np.ndarray  # int64
+    mask_text: np.ndarray  # bool[num_words * 32]
+    pre: np.ndarray  # int32[num_nodes]
+    size: np.ndarray  # int32[num_nodes]
+    mask_pre: np.ndarray  # int32[num_words * 32]
+    text_feed_pre: np.ndarray  # int32
+    tail_depth: int
+    tail: tuple[TailLevel, ...]
+    tail_roots: np.ndarray  # int32: nodes of depth tail_depth with children
 
     @property
     def num_words(self) -> int:
@@ -242,6 +279,15 @@ def _build_index(token_bytes: list[bytes | None], eos_ids: tuple[int, ...]) -> T
     mask_text = np.zeros(words * 32, dtype=bool)
     mask_text[: len(token_bytes)] = (token_node >= 0) & text[np.maximum(token_node, 0)]
     rough_tokens = np.flatnonzero((token_node >= 0) & ~text[np.maximum(token_node, 0)])
+    pre, size = _preorder(parent, depth_start, left)
+    mask_pre = np.full(words * 32, n, dtype=np.int32)
+    mask_pre[: len(token_bytes)] = np.where(token_node >= 0, pre[np.maximum(token_node, 0)], n)
+    tail_depth, tail = int(depth[-1]), ()
+    for candidate in TAIL_DEPTHS:
+        runs = _tail_levels(byte, parent, depth, candidate)
+        if len(runs) <= MAX_TAIL_LEVELS:
+            tail_depth, tail = min(candidate, tail_depth), runs
+            break
     return TokenizerIndex(
         vocab_size=len(token_bytes),
         token_bytes=tuple(token_bytes),
@@ -272,7 +318,69 @@ def _build_index(token_bytes: list[bytes | None], eos_ids: tuple[int, ...]) -> T
         text_words=np.packbits(mask_text, bitorder="little").view("<i4").astype(np.int32),
         rough_tokens=rough_tokens,
         rough_token_nodes=token_node[rough_tokens],
+        mask_text=mask_text,
+        pre=pre,
+        size=size,
+        mask_pre=mask_pre,
+        text_feed_pre=pre[text_feed_nodes],
+        tail_depth=tail_depth,
+        tail=tail,
+        tail_roots=np.unique(parent[depth == tail_depth + 1]).astype(np.int32),
     )
+
+
+def _preorder(
+    parent: np.ndarray, depth_start: np.ndarray, child_start: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(preorder number, subtree size) per node of the breadth-first trie."""
+    n = parent.shape[0]
+    size = np.ones(n, dtype=np.int64)
+    for d in range(depth_start.shape[0] - 2, 0, -1):
+        lo, hi = depth_start[d], depth_start[d + 1]
+        np.add.at(size, parent[lo:hi], size[lo:hi])
+    pre = np.zeros(n, dtype=np.int64)
+    for d in range(1, depth_start.shape[0] - 1):
+        lo, hi = depth_start[d], depth_start[d + 1]
+        before = np.cumsum(size[lo:hi]) - size[lo:hi]  # sizes of the depth's earlier nodes
+        first = child_start[parent[lo:hi]] - lo  # each node's first sibling
+        pre[lo:hi] = pre[parent[lo:hi]] + 1 + before - before[first]
+    return pre.astype(np.int32), size.astype(np.int32)
+
+
+def _tail_levels(
+    byte: np.ndarray, parent: np.ndarray, depth: np.ndarray, tail_depth: int
+) -> tuple[TailLevel, ...]:
+    """The trie's nodes deeper than `tail_depth` as levels of runs (see module docstring)."""
+    src, k, level = {}, {}, {}
+    by_level: dict[int, list[int]] = {}
+    for n in np.flatnonzero(depth > tail_depth).tolist():  # a parent before its children
+        p = int(parent[n])
+        if p in src and byte[p] == byte[n]:
+            src[n], k[n], level[n] = src[p], k[p] + 1, level[p]
+        else:
+            src[n], k[n], level[n] = p, 1, level.get(p, 0) + 1
+        by_level.setdefault(level[n], []).append(n)
+    levels = []
+    for lv in range(1, len(by_level) + 1):
+        members = by_level[lv]
+        runs: dict[tuple[int, int], int] = {}  # (src, byte) -> run length
+        for n in members:
+            key = (src[n], int(byte[n]))
+            runs[key] = max(runs.get(key, 0), k[n])
+        order = sorted(runs, key=lambda key: (-runs[key], key))
+        group_of = {key: g for g, key in enumerate(order)}
+        members.sort(key=lambda n: (k[n], group_of[(src[n], int(byte[n]))]))
+        ks = np.array([k[n] for n in members], dtype=np.int64)
+        levels.append(
+            TailLevel(
+                src=np.array([key[0] for key in order], dtype=np.int32),
+                byte=np.array([key[1] for key in order], dtype=np.int32),
+                nodes=np.array(members, dtype=np.int32),
+                kstart=np.searchsorted(ks, np.arange(int(ks[-1]) + 2)),
+                group=np.array([group_of[(src[n], int(byte[n]))] for n in members], np.int64),
+            )
+        )
+    return tuple(levels)
 
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

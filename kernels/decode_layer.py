@@ -69,6 +69,7 @@ class AttentionWeights:
     k_norm: torch.Tensor | None = None
     logit_cap: float = 0.0
     sliding_window: int = -1
+    int8_activations: bool = False  # q4_0/q4_1/q8_0 segments multiply x rounded to int8
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class MlpWeights:
     eps: float
     gate_up: Projection
     down: Projection
+    int8_activations: bool = False  # q4_0/q4_1/q8_0 segments multiply x rounded to int8
 
 
 @dataclass(frozen=True)
@@ -103,12 +105,17 @@ def _require() -> None:
         raise RuntimeError("the CPU decode-layer ops are not available on this machine")
 
 
-def decode_linear(x: torch.Tensor, proj: Projection) -> torch.Tensor:
-    """x [M, K] (M <= MAX_ROWS) W^T + bias -> [M, N] in x's dtype."""
+def decode_linear(
+    x: torch.Tensor, proj: Projection, int8_activations: bool = False
+) -> torch.Tensor:
+    """x [M, K] (M <= MAX_ROWS) W^T + bias -> [M, N] in x's dtype; `int8_activations`: the
+    q4_0/q4_1/q8_0 segments multiply x rounded per block of 32 to int8, as quant_linear."""
     _require()
     rows = sum(w.shape[0] for w in proj.weights)
     out = torch.empty(x.shape[0], rows, dtype=x.dtype)
-    torch.ops.radixflow_cpu.decode_linear(x, proj.weights, proj.qtypes, proj.bias, out)
+    torch.ops.radixflow_cpu.decode_linear(
+        x, proj.weights, proj.qtypes, proj.bias, out, int8_activations
+    )
     return out
 
 
@@ -131,6 +138,7 @@ def decode_attention_block(
         cos_sin, cos_sin.shape[1], w.num_heads, w.num_kv_heads, w.head_dim,
         kv.k_buffer, kv.v_buffer, kv.out_cache_loc, kv.req_to_token, kv.req_pool_indices,
         kv.seq_lens, w.scale, w.logit_cap, w.sliding_window, w.o.weights, w.o.qtypes, out,
+        w.int8_activations,
     )  # fmt: skip
     return out
 
@@ -141,6 +149,6 @@ def decode_mlp_block(x: torch.Tensor, residual: torch.Tensor, w: MlpWeights) -> 
     out = torch.empty_like(x)
     torch.ops.radixflow_cpu.decode_mlp_block(
         x, residual, w.norm, w.eps, w.gate_up.weights, w.gate_up.qtypes,
-        w.down.weights, w.down.qtypes, out,
+        w.down.weights, w.down.qtypes, out, w.int8_activations,
     )  # fmt: skip
     return out

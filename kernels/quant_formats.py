@@ -13,6 +13,10 @@ weights as ggml blocks, byte for byte as a GGUF file stores them, so a GGUF tens
 
 `dequantize` matches `gguf.quants.dequantize` bit for bit (same float32 operations in the same
 order); `quantize` matches `gguf.quants.quantize` for q8_0, q4_0 and q4_1.
+
+The CPU kernel's batch-invariant matmul (kernels/cpu/quant_blocks.h) runs `BLOCKED_QTYPES` for
+up to `MAX_BLOCKED_ROWS` rows of x; with int8 activations x is rounded per block of 32 as
+`quantize_activations` rounds it, and that matmul multiplies in int8.
 """
 
 from __future__ import annotations
@@ -43,6 +47,10 @@ FORMATS: dict[str, QuantFormat] = {
 QTYPES = tuple(FORMATS)
 # what `quantize` can produce from float weights
 QUANTIZE_QTYPES = ("q8_0", "q4_0", "q4_1")
+BLOCKED_QTYPES = frozenset({"q4_0", "q4_1", "q8_0"})  # run by the batch-invariant kernel
+MAX_BLOCKED_ROWS = 128  # rows of x it takes (quant_linear.cpp kMaxBlockedRows): every decode
+# batch up to the default max_running_requests
+ACTIVATION_BLOCK = 32  # values of x sharing one int8 scale
 
 
 def quant_format(qtype: str) -> QuantFormat:
@@ -146,6 +154,20 @@ def dequantize(packed: torch.Tensor, qtype: str, k: int) -> torch.Tensor:
     fmt = quant_format(qtype)
     blocks = packed.reshape(-1, fmt.block_bytes)
     return _dequantize_blocks(blocks, qtype).reshape(packed.shape[0], k)
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (K a multiple of 32) rounded to its int8 grid, in float32: per block of 32,
+    d = max|x| / 127 and x -> d * round(x * (127 / max|x|)), ties to even (an all-zero block
+    stays zero). The CPU kernel's int8 activations are these codes and scales, bit for bit."""
+    if x.dim() != 2 or x.shape[1] % ACTIVATION_BLOCK:
+        raise ValueError(f"x must be [M, K] with K a multiple of 32, got {tuple(x.shape)}")
+    xf = x.float().reshape(x.shape[0], -1, ACTIVATION_BLOCK)
+    amax = xf.abs().amax(-1, keepdim=True)
+    # true divisions (torch multiplies by the reciprocal when the divisor is a Python scalar)
+    inverse = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    scale = amax / torch.full_like(amax, 127.0)
+    return (torch.round(xf * inverse) * scale).reshape(x.shape)
 
 
 def _round_half_away(x: torch.Tensor) -> torch.Tensor:

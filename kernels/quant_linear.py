@@ -8,7 +8,10 @@ dequantized weight with fp32 sums, rounded once to x's dtype: within fp32 summat
 (relative ~1e-6) for float32 x, one bf16 rounding (2^-8 relative) for bfloat16 x.
 
     q4_0 q4_1 q8_0, up to MAX_BLOCKED_ROWS rows   register-blocked, tiles of 8 rows of x;
-                                                  batch invariant (below)
+                                                  batch invariant (below); x in fp32, or with
+                                                  int8_activations rounded per block of 32 to
+                                                  int8 and multiplied in int8 (the other paths
+                                                  then take x rounded so, in fp32)
     q4_k q6_k, up to MAX_ROWS rows                the packed bytes streamed once for all rows
     more rows (prefill)                           a tile of weight rows that fits L2 decoded to
                                                   fp32, one sgemm per tile
@@ -25,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from radixflow.kernels.cpu_build import cpu_kernels_available
-from radixflow.kernels.quant_formats import QTYPES, check_packed
+from radixflow.kernels.quant_formats import BLOCKED_QTYPES, MAX_BLOCKED_ROWS, QTYPES, check_packed
 
 __all__ = [
     "DTYPES",
@@ -39,9 +42,6 @@ __all__ = [
 ]
 
 MAX_ROWS = 8  # q4_k, q6_k: rows of x taken by the streaming matvec; more go to the sgemm
-BLOCKED_QTYPES = frozenset({"q4_0", "q4_1", "q8_0"})  # run by the batch-invariant kernel
-MAX_BLOCKED_ROWS = 128  # rows of x it takes (quant_linear.cpp kMaxBlockedRows): every decode
-# batch up to the default max_running_requests
 DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -57,11 +57,15 @@ def quant_linear(
     k: int,
     bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    int8_activations: bool = False,
 ) -> torch.Tensor:
     """`F.linear(x, W, bias)` for W [N, K] packed as `qtype` blocks; returns [M, N] (out).
 
     x [M, K] (M may be 0), bias [N] and out share one dtype, float32 or bfloat16, on the CPU; x and
-    out need only a contiguous last dim.
+    out need only a contiguous last dim. `int8_activations`: x is rounded per block of 32 to
+    int8 (`quant_formats.quantize_activations`), as llama.cpp's q8 activations; the blocked
+    qtypes with up to MAX_BLOCKED_ROWS rows then multiply in int8 (faster), the other paths
+    multiply the rounded x in fp32, so that every path gives one result.
     """
     if not quant_linear_available():
         raise RuntimeError("the CPU quantized linear kernel is not available on this machine")
@@ -73,7 +77,7 @@ def quant_linear(
     if x.shape[0] == 0:  # a step with no logits rows
         return out
     torch.ops.radixflow_cpu.quant_linear(
-        x if x.stride(-1) == 1 else x.contiguous(), packed, qtype, k, bias, out
+        x if x.stride(-1) == 1 else x.contiguous(), packed, qtype, k, bias, out, int8_activations
     )
     return out
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from radixflow.kernels.quant_formats import dequantize
+from radixflow.kernels.quant_formats import dequantize, quantize_activations
 
 # -- RMSNorm ---------------------------------------------------------------------------------
 
@@ -143,10 +143,18 @@ def quant_linear_ref(
     k: int,
     bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    int8_activations: bool = False,
 ) -> torch.Tensor:
     """x [M, K] @ W.T + bias, W the [N, K] weight that `packed` (uint8 [N, row_bytes], ggml
-    blocks of `qtype`: kernels/quant_formats.py) holds; the result in x's dtype."""
-    result = F.linear(x, dequantize(packed, qtype, k).to(x.dtype), bias)
+    blocks of `qtype`: kernels/quant_formats.py) holds; the result in x's dtype.
+    `int8_activations`: x rounded to its int8 grid first (quantize_activations), the product
+    in float32, as every path of the CPU kernel then multiplies."""
+    if int8_activations:
+        fbias = None if bias is None else bias.float()
+        weight = dequantize(packed, qtype, k)
+        result = F.linear(quantize_activations(x), weight, fbias).to(x.dtype)
+    else:
+        result = F.linear(x, dequantize(packed, qtype, k).to(x.dtype), bias)
     return result if out is None else out.copy_(result)
 
 
@@ -455,14 +463,18 @@ if TYPE_CHECKING:
     from radixflow.kernels.decode_layer import AttentionWeights, MlpWeights, PagedKV, Projection
 
 
-def decode_linear_ref(x: torch.Tensor, proj: Projection) -> torch.Tensor:
+def decode_linear_ref(
+    x: torch.Tensor, proj: Projection, int8_activations: bool = False
+) -> torch.Tensor:
     """x [M, K] @ W.T + bias, W the segments of `proj` by output rows ("" = float weight)."""
     outs, first = [], 0
     for weight, qtype in zip(proj.weights, proj.qtypes, strict=True):
         rows = weight.shape[0]
         bias = None if proj.bias is None else proj.bias[first : first + rows]
         if qtype:
-            outs.append(quant_linear_ref(x, weight, qtype, x.shape[1], bias))
+            outs.append(
+                quant_linear_ref(x, weight, qtype, x.shape[1], bias, None, int8_activations)
+            )
         else:
             outs.append(linear_ref(x, weight, bias))
         first += rows
@@ -481,7 +493,7 @@ def decode_attention_block_ref(
     if residual is not None:
         residual.copy_((x.float() + residual.float()).to(residual.dtype))
     h = rms_norm_ref(x if residual is None else residual, w.norm, w.eps)
-    qkv = decode_linear_ref(h, w.qkv)
+    qkv = decode_linear_ref(h, w.qkv, w.int8_activations)
     tokens, q_size, kv_size = x.shape[0], w.num_heads * w.head_dim, w.num_kv_heads * w.head_dim
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
     q = q.reshape(tokens, w.num_heads, w.head_dim)
@@ -495,11 +507,13 @@ def decode_attention_block_ref(
         q, kv.k_buffer, kv.v_buffer, kv.req_to_token, kv.req_pool_indices, kv.seq_lens,
         w.scale, w.logit_cap, w.sliding_window,
     )  # fmt: skip
-    return decode_linear_ref(attn.reshape(tokens, q_size), w.o)
+    return decode_linear_ref(attn.reshape(tokens, q_size), w.o, w.int8_activations)
 
 
 def decode_mlp_block_ref(x: torch.Tensor, residual: torch.Tensor, w: MlpWeights) -> torch.Tensor:
     """residual += x; down(silu_and_mul(gate_up(rms_norm(residual))))."""
     residual.copy_((x.float() + residual.float()).to(residual.dtype))
-    gate_up = decode_linear_ref(rms_norm_ref(residual, w.norm, w.eps), w.gate_up)
-    return decode_linear_ref(silu_and_mul_ref(gate_up), w.down)
+    gate_up = decode_linear_ref(
+        rms_norm_ref(residual, w.norm, w.eps), w.gate_up, w.int8_activations
+    )
+    return decode_linear_ref(silu_and_mul_ref(gate_up), w.down, w.int8_activations)

@@ -82,6 +82,14 @@ class EngineConfig:
         "(embedding and lm_head to q8_0)",
         ("auto", "none", "int8", "int4", "q8_0", "q4_0", "q4_1"),
     )
+    quant_activations: str = _knob(
+        "float",
+        "x of the CPU kernels' packed-weight matmuls: float keeps it in fp32 (the dequantized "
+        "model's results; a cached prefix gives the same logits as a fresh one); int8 rounds "
+        "it per block of 32 and multiplies in int8 as llama.cpp does (less arithmetic, but the "
+        "rounding amplifies fp32 differences between paths: results move by ~0.1 logprob)",
+        ("float", "int8"),
+    )
     device: str = _knob("auto", "torch device: auto picks cuda when available, else cpu")
     page_size: int = _knob(1, "tokens per KV page")
     max_total_tokens: int | None = _knob(

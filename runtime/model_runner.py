@@ -131,7 +131,12 @@ class ModelRunner:
         self.attention_backend, self.backend = choose_attention_backend(
             config.attention_backend, self.pool, self.device
         )
-        target = OpsTarget(self.device, self.dtype, triton=self.attention_backend == "triton")
+        target = OpsTarget(
+            self.device,
+            self.dtype,
+            triton=self.attention_backend == "triton",
+            int8_activations=config.quant_activations == "int8",
+        )
         packed = self.shards.quant_plan(checkpoint.quant_plan(config.quantization, target))
         # Large empty tensors take no RAM until written: built without its random init and cast
         # before loading, the model is written once, in its dtype, weight by weight.

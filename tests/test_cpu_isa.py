@@ -47,7 +47,8 @@ def test_flags_are_explicit_per_isa_with_extensions_where_the_cpu_has_them():
     assert "-mavx512bf16" not in choose_isa("x86_64", SKYLAKE_X, None).flags
     assert "-mavx512vnni" in choose_isa("x86_64", SAPPHIRE_RAPIDS, None).flags
     assert not any("march" in flag for flag in choose_isa("x86_64", SAPPHIRE_RAPIDS, None).flags)
-    assert choose_isa("aarch64", GRAVITON3, None).flags == ()
+    assert choose_isa("aarch64", GRAVITON3, None).flags == ("-march=armv8.2-a+dotprod",)
+    assert choose_isa("aarch64", {"fp", "asimd"}, None).flags == ()  # a Cortex-A72
 
 
 def test_forced_isa_the_cpu_cannot_run_falls_back_with_the_reason():
@@ -165,3 +166,19 @@ def test_kernel_tests_pass_on_every_lower_isa_this_cpu_runs(isa):
     )
     assert done.returncode == 0, done.stdout[-3000:]
     assert " passed" in done.stdout and " skipped" not in done.stdout.splitlines()[-1]
+
+
+def test_a_mac_reports_its_arm_features_through_sysctl(monkeypatch):
+    answers = {"hw.optional.arm.FEAT_DotProd": "1\n", "hw.optional.arm.FEAT_BF16": "0\n"}
+    monkeypatch.setattr(cpu_build.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(
+        cpu_build.subprocess,
+        "run",
+        lambda args, **kw: subprocess.CompletedProcess(args, 0, answers[args[-1]], ""),
+    )
+    assert cpu_build.macos_arm_flags() == {"asimddp"}
+    assert choose_isa("aarch64", cpu_build.macos_arm_flags(), None).flags == (
+        "-march=armv8.2-a+dotprod",
+    )
+    monkeypatch.setattr(cpu_build.platform, "system", lambda: "Linux")
+    assert cpu_build.macos_arm_flags() == set()

@@ -48,17 +48,18 @@ def projection(kinds: list[str], rows: list[int], k: int, dtype, gen, bias=False
     return Projection(weights, tuple(kinds), b)
 
 
+@pytest.mark.parametrize("int8", [False, True], ids=["", "int8"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 @pytest.mark.parametrize("kind", KINDS, ids=lambda q: q or "float")
-def test_linear_matches_the_reference(kind, dtype):
+def test_linear_matches_the_reference(kind, dtype, int8):
     gen = torch.Generator().manual_seed(len(kind))
     k = 512  # two K-quant blocks, sixteen of the others
     proj = projection([kind], [72], k, dtype, gen, bias=True)
     for rows in (1, 3, 8):
         x = torch.randn(rows, k, generator=gen).to(dtype)
-        got = decode_linear(x, proj)
+        got = decode_linear(x, proj, int8)
         assert got.shape == (rows, 72) and got.dtype == dtype
-        err = relative_error(got, decode_linear_ref(x, proj))
+        err = relative_error(got, decode_linear_ref(x, proj, int8))
         assert err < TOLERANCE[dtype], f"{kind} M={rows}: {err:.2e}"
 
 
@@ -78,7 +79,7 @@ LAYOUTS = {
 }
 
 
-def attention_case(layout, kind: str, dtype, seq_lens: list[int], gen):
+def attention_case(layout, kind: str, dtype, seq_lens: list[int], gen, int8: bool = False):
     heads, kv_heads, head_dim, rotary_dim, bias, qk_norm, window = layout
     hidden = 128
     q_size, kv_size = heads * head_dim, kv_heads * head_dim
@@ -97,6 +98,7 @@ def attention_case(layout, kind: str, dtype, seq_lens: list[int], gen):
         q_norm=(1 + 0.1 * torch.randn(head_dim, generator=gen)).to(dtype) if qk_norm else None,
         k_norm=(1 + 0.1 * torch.randn(head_dim, generator=gen)).to(dtype) if qk_norm else None,
         sliding_window=window,
+        int8_activations=int8,
     )
     batch, slots = len(seq_lens), 256
     k_buffer = torch.randn(slots, kv_heads, head_dim, generator=gen).to(dtype)
@@ -120,11 +122,14 @@ def clone_kv(kv: PagedKV) -> PagedKV:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-@pytest.mark.parametrize("kind", ["", "q4_1", "q8_0", "q4_k"], ids=lambda q: q or "float")
+@pytest.mark.parametrize(
+    "kind", ["", "q4_1", "q8_0", "q4_k", "q4_1+int8", "q8_0+int8"], ids=lambda q: q or "float"
+)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_attention_block_matches_the_reference(layout, kind, dtype):
     gen = torch.Generator().manual_seed(7)
-    w, kv, cos_sin, x = attention_case(LAYOUTS[layout], kind, dtype, [9, 1, 23], gen)
+    kind, int8 = kind.removesuffix("+int8"), kind.endswith("+int8")
+    w, kv, cos_sin, x = attention_case(LAYOUTS[layout], kind, dtype, [9, 1, 23], gen, int8)
     for with_residual in (False, True):
         residual = torch.randn(x.shape, generator=gen).to(dtype) if with_residual else None
         ref_kv, ref_residual = clone_kv(kv), None if residual is None else residual.clone()
@@ -141,15 +146,19 @@ def test_attention_block_matches_the_reference(layout, kind, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-@pytest.mark.parametrize("kind", ["", "q4_0", "q4_1", "q6_k"], ids=lambda q: q or "float")
+@pytest.mark.parametrize(
+    "kind", ["", "q4_0", "q4_1", "q6_k", "q4_0+int8", "q8_0+int8"], ids=lambda q: q or "float"
+)
 def test_mlp_block_matches_the_reference(kind, dtype):
     gen = torch.Generator().manual_seed(3)
+    kind, int8 = kind.removesuffix("+int8"), kind.endswith("+int8")
     hidden, inter = 256, 512
     w = MlpWeights(
         norm=(1 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype),
         eps=1e-5,
         gate_up=projection([kind, kind], [inter, inter], hidden, dtype, gen),
         down=projection([kind], [hidden], inter, dtype, gen),
+        int8_activations=int8,
     )
     for rows in (1, 5):
         x = torch.randn(rows, hidden, generator=gen).to(dtype)

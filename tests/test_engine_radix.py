@@ -93,13 +93,16 @@ def test_multi_turn_chat_hits_all_earlier_turns():
 
 
 def test_tiny_pool_finishes_everything_correctly():
+    # float activations: a retracted request's tokens are recomputed by a prefill, whose fp32
+    # rounding differs from decode's; int8 activations can turn that into a different int8
+    # code and so flip a near-tie, which is not what this test is about
     prompts = [f"{SYSTEM} Question {i}: {q}" for i, q in enumerate(QUESTIONS * 3)]
-    reference = _engine(disable_radix_cache=True)
+    reference = _engine(disable_radix_cache=True, quant_activations="float")
     try:
         expected = [o["output_ids"] for o in reference.generate(prompts, GREEDY)]
     finally:
         reference.shutdown()
-    engine = _engine(max_total_tokens=200, page_size=1)
+    engine = _engine(max_total_tokens=200, page_size=1, quant_activations="float")
     try:
         outs = engine.generate(prompts, GREEDY)
         assert [o["output_ids"] for o in outs] == expected

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from automaton_walk import allowed_tokens
 from transformers import AutoTokenizer
 
 from radixflow.grammars import GrammarCompiler
@@ -21,25 +22,6 @@ def llama3():
     if not LLAMA3.is_dir():
         pytest.skip("no ../shared/tokenizers/llama3")
     return AutoTokenizer.from_pretrained(str(LLAMA3))
-
-
-def reference_allowed(grammar, state: int) -> np.ndarray:
-    """Allowed tokens by stepping each token's bytes through the automaton (EOS if accepting)."""
-    auto, index = grammar.automaton, grammar.index
-    allowed = np.zeros(index.num_words * 32, dtype=bool)
-    rows: dict[int, list[int]] = {}
-    for t, data in enumerate(index.token_bytes):
-        s = state
-        for b in data or b"":
-            if s not in rows:
-                rows[s] = auto.row(s).tolist()
-            s = rows[s][b]
-            if s < 0:
-                break
-        allowed[t] = data is not None and s >= 0
-    if auto.is_accepting(state):
-        allowed[list(index.eos_ids)] = True
-    return allowed
 
 
 def mask_bits(mask: np.ndarray) -> np.ndarray:
@@ -70,4 +52,7 @@ def test_text_states_mask_like_stepping_every_token(load):
         state = m._states[-1]
         got = mask_bits(m.next_token_mask())
         assert (grammar._walk.text_states(state) is not None) == shortcut, source
-        assert np.array_equal(got, reference_allowed(grammar, state)), (source, text)
+        assert np.array_equal(got, allowed_tokens(grammar.index, grammar.automaton, state)), (
+            source,
+            text,
+        )

@@ -1,11 +1,14 @@
 """The compiled CPU quantized linear (GGUF blocks kept packed) against gguf's own dequantize
 followed by F.linear, for every qtype and each path (the K-quants' matvec, the register-blocked
 q4_0/q4_1/q8_0 kernel, the tiled sgemm of prefill); the blocked kernel gives a row of x the same
-bits whatever rows share its call, and the same as the fused decode op."""
+bits whatever rows share its call, and the same as the fused decode op, with x in fp32 or rounded
+to int8 (int8 activations, against F.linear of x on its int8 grid)."""
 
 from __future__ import annotations
 
 import functools
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -13,6 +16,7 @@ import torch.nn.functional as F
 
 from radixflow.kernels.cpu_build import current_choice
 from radixflow.kernels.decode_layer import Projection, decode_linear
+from radixflow.kernels.quant_formats import quantize_activations
 from radixflow.kernels.quant_linear import (
     BLOCKED_QTYPES,
     MAX_BLOCKED_ROWS,
@@ -73,9 +77,10 @@ def test_prefill_spans_several_weight_tiles(qtype):
     check(qtype, MAX_BLOCKED_ROWS + 1, 300, 2048, torch.float32, with_bias=True)
 
 
+@pytest.mark.parametrize("int8", [False, True], ids=["", "int8"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 @pytest.mark.parametrize("qtype", sorted(BLOCKED_QTYPES))
-def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(qtype, dtype):
+def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(qtype, dtype, int8):
     # continuous batching must not change a request's tokens: its row of x gives the same
     # output alone, in batches of any size (full tiles of 8 rows and a ragged one) and through
     # the fused decode op; N = 193 leaves a ragged step of packed rows
@@ -84,14 +89,69 @@ def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(qtype, dtype):
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(MAX_BLOCKED_ROWS, k, generator=gen).to(dtype)
     bias = torch.randn(n, generator=gen).to(dtype)
-    alone = torch.cat([quant_linear(x[i : i + 1], packed, qtype, k, bias) for i in range(len(x))])
+
+    def run(rows: torch.Tensor) -> torch.Tensor:
+        return quant_linear(rows, packed, qtype, k, bias, int8_activations=int8)
+
+    alone = torch.cat([run(x[i : i + 1]) for i in range(len(x))])
     for rows in (2, 5, 8, 16, 40, MAX_BLOCKED_ROWS):
-        assert torch.equal(quant_linear(x[:rows], packed, qtype, k, bias), alone[:rows]), rows
-        assert torch.equal(quant_linear(x[-rows:], packed, qtype, k, bias), alone[-rows:]), rows
+        assert torch.equal(run(x[:rows]), alone[:rows]), rows
+        assert torch.equal(run(x[-rows:]), alone[-rows:]), rows
     for rows in (1, 5, 8):
-        fused = decode_linear(x[:rows], Projection((packed,), (qtype,), bias))
+        fused = decode_linear(x[:rows], Projection((packed,), (qtype,), bias), int8)
         assert torch.equal(fused, alone[:rows]), rows
-    check(qtype, MAX_BLOCKED_ROWS, n, k, dtype, with_bias=True)
+    if not int8:
+        check(qtype, MAX_BLOCKED_ROWS, n, k, dtype, with_bias=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("qtype", sorted(BLOCKED_QTYPES))
+def test_int8_activations_multiply_x_on_its_int8_grid(qtype, dtype):
+    # int8 activations: exactly F.linear of x rounded per block of 32 to int8 (up to the order
+    # of fp32 sums), which is measurably not F.linear of x itself
+    n, k = 37, 7 * 32  # an odd number of blocks per row
+    packed, w = weight(qtype, n, k)
+    gen = torch.Generator().manual_seed(11)
+    for rows in (1, 3, MAX_ROWS, MAX_ROWS + 1, MAX_BLOCKED_ROWS):
+        x = (torch.randn(rows, k, generator=gen) * torch.rand(rows, k, generator=gen)).to(dtype)
+        bias = torch.randn(n, generator=gen).to(dtype)
+        got = quant_linear(x, packed, qtype, k, bias, int8_activations=True)
+        on_grid = F.linear(quantize_activations(x).double(), w.double(), bias.double())
+        assert relative_error(got, on_grid) < TOLERANCE[dtype], rows
+        assert (
+            relative_error(got, quant_linear_ref(x, packed, qtype, k, bias, None, True))
+            < (TOLERANCE[dtype])
+        )
+        if dtype == torch.float32:
+            assert relative_error(got, F.linear(x.double(), w.double(), bias.double())) > 1e-4
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_int8_activations_round_x_on_the_fp32_paths_too(qtype):
+    # prefill past MAX_BLOCKED_ROWS (the sgemm) and the K-quants' matvec multiply in fp32: with
+    # int8 activations they take x on its int8 grid, bit for bit as quantize_activations
+    # rounds it, so that a prompt's logits do not depend on which path its rows took
+    k = BLOCK[qtype] * 2
+    packed, _ = weight(qtype, 24, k)
+    rows = MAX_BLOCKED_ROWS + 1 if qtype in BLOCKED_QTYPES else 3
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(2))
+    rounded = quant_linear(quantize_activations(x), packed, qtype, k)
+    assert torch.equal(quant_linear(x, packed, qtype, k, int8_activations=True), rounded)
+    assert not torch.equal(quant_linear(x, packed, qtype, k), rounded)
+
+
+def test_quantize_activations_rounds_each_block_to_127_levels():
+    x = torch.zeros(2, 64)
+    x[0, :32] = torch.linspace(-2.0, 1.0, 32)
+    x[0, 32:] = 0.5 / 127 * torch.arange(32)  # codes 0..31 at scale 0.5/127 x 127/31
+    got = quantize_activations(x)
+    assert torch.equal(got[1], torch.zeros(64))  # an all-zero block stays zero
+    d = 2.0 / 127
+    assert torch.allclose(got[0, :32], torch.round(x[0, :32] / d) * d, atol=1e-7)
+    assert got[0, 0] == -2.0 and got[0, :32].abs().max() == 2.0
+    assert (got[0, 32:] - x[0, 32:]).abs().max() <= 0.5 * x[0, 32:].max() / 127 + 1e-7
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_activations(torch.zeros(1, 48))
 
 
 @pytest.mark.parametrize("rows", [2, 12])
@@ -130,3 +190,36 @@ def test_bad_arguments_raise_value_errors_naming_them(change, message):
     args = dict(x=torch.zeros(2, 64), packed=weight("q4_1", 4, 64)[0], qtype="q4_1", k=64)
     with pytest.raises(ValueError, match=message):
         quant_linear(**{**args, **change})
+
+
+def test_threads_and_concurrent_callers_do_not_change_the_result():
+    # the kernel's work pool: any number of helper threads, callers on several threads at
+    # once (one runs on the pool, the others alone) and a pool idle long enough to sleep all
+    # give the same bits
+    packed, _ = weight("q4_1", 777, 576)
+    x = torch.randn(3, 576, generator=torch.Generator().manual_seed(9))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        expected = quant_linear(x, packed, "q4_1", 576, int8_activations=True)
+        for count in (2, 3, 5):
+            torch.set_num_threads(count)
+            assert torch.equal(
+                quant_linear(x, packed, "q4_1", 576, int8_activations=True), expected
+            )
+        time.sleep(0.01)  # the helpers go to sleep; the next call wakes them
+        assert torch.equal(quant_linear(x, packed, "q4_1", 576, int8_activations=True), expected)
+        small, _ = weight("q8_0", 40, 64)
+        small_x = x[:, :64]
+        small_expected = quant_linear(small_x, small, "q8_0", 64)
+
+        def call(i: int) -> bool:  # jobs of 1 to 25 chunks, back to back from 4 threads
+            if i % 2:
+                return torch.equal(quant_linear(small_x, small, "q8_0", 64), small_expected)
+            got = quant_linear(x, packed, "q4_1", 576, int8_activations=True)
+            return torch.equal(got, expected)
+
+        with ThreadPoolExecutor(4) as pool:
+            assert all(pool.map(call, range(2000)))
+    finally:
+        torch.set_num_threads(threads)

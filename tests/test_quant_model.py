@@ -56,6 +56,9 @@ def run(engine: rf.Engine) -> tuple[list[list[int]], list[list[float]]]:
 
 
 def generate(path, **config) -> tuple[list[list[int]], list[list[float]], torch.nn.Module]:
+    # float activations unless a test says otherwise: the packed weights' products are then the
+    # dequantized model's within fp32 rounding
+    config.setdefault("quant_activations", "float")
     engine = rf.Engine(str(path), dtype="float32", max_total_tokens=1024, **config)
     try:
         return (*run(engine), engine.runner.model)
@@ -107,6 +110,22 @@ def test_quantized_at_load_equals_the_dequantized_model(tmp_path, quantization):
     expected += 2 * cfg.vocab_size * row_bytes("q8_0", hidden)  # embedding and lm_head
     assert packed_bytes == expected
     assert float_bytes == 4 * (hidden * (2 * layers + 1))  # the RMSNorm weights only
+
+
+def test_int8_activations_reach_every_quantized_product(tmp_path):
+    # the knob's int8 rounding moves prompt logprobs a little (both the layer-by-layer prefill
+    # and the fused decode layers take it), within what the rounding of x allows
+    path = make_tiny_model_dir(tmp_path / "float", "llama", seed=4)
+    tokens, int8_logprobs, model = generate(path, quantization="q8_0", quant_activations="int8")
+    _, float_logprobs, _ = generate(path, quantization="q8_0")
+    assert model.layers[0].mlp.down_proj.impl.int8_activations
+    moved = max(
+        abs(a - b)
+        for ours, ref in zip(int8_logprobs, float_logprobs, strict=True)
+        for a, b in zip(ours, ref, strict=True)
+    )
+    assert 1e-6 < moved < 0.2, moved  # measured 0.054
+    assert all(len(t) == GREEDY["max_new_tokens"] for t in tokens)
 
 
 def test_gguf_blocks_are_used_as_stored(tmp_path, every_type_has_a_kernel):

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "simd.h"
+#include "work_pool.h"
 
 namespace vec = radixflow_cpu;
 using vec::Vec;
@@ -281,51 +282,47 @@ void run(const Problem& p, int64_t batch) {
   std::atomic<int64_t> next{0};
   const int64_t count = (int64_t)items.size();
   // One task per thread, each taking items from a shared counter: ragged items balance out.
-  at::parallel_for(0, std::min(threads, count), 1, [&](int64_t begin, int64_t end) {
+  vec::parallel_chunks(std::min(threads, count), [&](int64_t) {
     Scratch s(H, NV, D);
-    for (int64_t task = begin; task < end; ++task) {
-      for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) {
-        const Item& it = items[i];
-        attend_range<T, NV>(p, it, s);
-        for (int64_t r = 0; r < it.rows; ++r) {
-          const float* o = s.o.data() + r * H * D;
-          const float* lse = s.lse.data() + r * H;
-          if (it.piece < 0) {
-            write_output<T>(p, it.b + r, o, lse);
-          } else {
-            const int64_t slot = first_part[it.b + r] + it.piece;
-            std::copy(o, o + H * D, part_o.data() + slot * H * D);
-            std::copy(lse, lse + H, part_lse.data() + slot * H);
-          }
+    for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) {
+      const Item& it = items[i];
+      attend_range<T, NV>(p, it, s);
+      for (int64_t r = 0; r < it.rows; ++r) {
+        const float* o = s.o.data() + r * H * D;
+        const float* lse = s.lse.data() + r * H;
+        if (it.piece < 0) {
+          write_output<T>(p, it.b + r, o, lse);
+        } else {
+          const int64_t slot = first_part[it.b + r] + it.piece;
+          std::copy(o, o + H * D, part_o.data() + slot * H * D);
+          std::copy(lse, lse + H, part_lse.data() + slot * H);
         }
       }
     }
   });
   if (parts == 0) return;
   // Merge the ranges of each split request by their log-sum-exp.
-  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+  vec::parallel_chunks(batch, [&](int64_t b) {
+    const int64_t first = first_part[b], pieces = first_part[b + 1] - first;
+    if (pieces == 0) return;
     std::vector<float> o(H * D), lse(H);
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t first = first_part[b], pieces = first_part[b + 1] - first;
-      if (pieces == 0) continue;
-      for (int64_t h = 0; h < H; ++h) {
-        float top = kNegInf;
-        for (int64_t i = 0; i < pieces; ++i) top = std::max(top, part_lse[(first + i) * H + h]);
-        float total = 0.0f;
-        std::fill(o.begin() + h * D, o.begin() + (h + 1) * D, 0.0f);
-        if (top != kNegInf) {
-          for (int64_t i = 0; i < pieces; ++i) {
-            const float w = std::exp(part_lse[(first + i) * H + h] - top);
-            total += w;
-            const float* src = part_o.data() + ((first + i) * H + h) * D;
-            for (int64_t d = 0; d < D; ++d) o[h * D + d] += w * src[d];
-          }
-          for (int64_t d = 0; d < D; ++d) o[h * D + d] /= total;
+    for (int64_t h = 0; h < H; ++h) {
+      float top = kNegInf;
+      for (int64_t i = 0; i < pieces; ++i) top = std::max(top, part_lse[(first + i) * H + h]);
+      float total = 0.0f;
+      std::fill(o.begin() + h * D, o.begin() + (h + 1) * D, 0.0f);
+      if (top != kNegInf) {
+        for (int64_t i = 0; i < pieces; ++i) {
+          const float w = std::exp(part_lse[(first + i) * H + h] - top);
+          total += w;
+          const float* src = part_o.data() + ((first + i) * H + h) * D;
+          for (int64_t d = 0; d < D; ++d) o[h * D + d] += w * src[d];
         }
-        lse[h] = top == kNegInf ? kNegInf : top + std::log(total);
+        for (int64_t d = 0; d < D; ++d) o[h * D + d] /= total;
       }
-      write_output<T>(p, b, o.data(), lse.data());
+      lse[h] = top == kNegInf ? kNegInf : top + std::log(total);
     }
+    write_output<T>(p, b, o.data(), lse.data());
   });
 }
 

@@ -11,8 +11,13 @@
 // dispatcher; a projection is a list of segments (output rows of one kind each), run by
 //
 //     ""              float weight [rows, K] in x's dtype    -> small_linear
-//     q4_0 q4_1 q8_0  packed 32-weight blocks                -> quant_blocks.h's packed_matmul
-//     other qtypes    packed (K-quants)                      -> quant_linear
+//     q4_0 q4_1 q8_0  packed 32-weight blocks                -> quant_blocks.h's packed_matmul,
+//                                                               x in fp32 or, with
+//                                                               int8_activations, quantized to
+//                                                               int8 once per projection
+//     other qtypes    packed (K-quants)                      -> quant_linear (fp32 products,
+//                                                               x on its int8 grid with
+//                                                               int8_activations)
 //
 // packed_matmul is the kernel quant_linear runs for these formats too, so a row's result is the
 // same bits through either op and whatever the number of rows (quant_blocks.h).
@@ -70,11 +75,13 @@ void small_linear(const at::Tensor& x, const at::Tensor& weight,
 }
 
 void quant_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& qtype,
-                  int64_t k, const std::optional<at::Tensor>& bias, const at::Tensor& out) {
+                  int64_t k, const std::optional<at::Tensor>& bias, const at::Tensor& out,
+                  bool int8_activations) {
   static const auto handle =
       op<void(const at::Tensor&, const at::Tensor&, const std::string&, int64_t,
-              const std::optional<at::Tensor>&, const at::Tensor&)>("radixflow_cpu::quant_linear");
-  handle.call(x, packed, qtype, k, bias, out);
+              const std::optional<at::Tensor>&, const at::Tensor&, bool)>(
+          "radixflow_cpu::quant_linear");
+  handle.call(x, packed, qtype, k, bias, out, int8_activations);
 }
 
 void decode_attention(const at::Tensor& q, const at::Tensor& k_buffer, const at::Tensor& v_buffer,
@@ -95,24 +102,49 @@ bool fast_qtype(const std::string& qtype) {
   return qtype == "q4_0" || qtype == "q4_1" || qtype == "q8_0";
 }
 
-template <typename Out>
-void fast_segment(const at::Tensor& xf, const at::Tensor& packed, const std::string& qtype,
-                  const Out* bias, const at::Tensor& out) {
-  const blocks::Packed p{packed.data_ptr<uint8_t>(), packed.size(0), xf.size(1), packed.size(1)};
-  const float* x = xf.data_ptr<float>();
-  Out* y = out.data_ptr<Out>();
-  const int64_t m = xf.size(0), ld = out.stride(0);
-  if (qtype == "q4_0") return blocks::packed_matmul<blocks::Q4<false>, Out>(p, x, m, bias, y, ld);
-  if (qtype == "q4_1") return blocks::packed_matmul<blocks::Q4<true>, Out>(p, x, m, bias, y, ld);
-  blocks::packed_matmul<blocks::Q8, Out>(p, x, m, bias, y, ld);
-}
+// x for the fast segments, made once per projection: fp32 rows, or those rows quantized to
+// int8 per block of 32 (quant_blocks.h).
+class FastX {
+ public:
+  FastX(const at::Tensor& x, bool int8_x) : x_(x), int8_x_(int8_x) {}
 
-// out [M, N] = x [M, K] W^T (+ bias), W the concatenation of `weights` by output rows.
+  // y [M, rows] (row stride ldy) = x W^T (+ bias) for one segment of q4_0, q4_1 or q8_0 rows.
+  template <typename Out>
+  void multiply(const at::Tensor& packed, const std::string& qtype, const Out* bias, Out* y,
+                int64_t ldy) {
+    if (!xf_.defined()) {
+      xf_ = x_.to(at::kFloat).contiguous();
+      if (int8_x_) xq_.emplace(xf_.data_ptr<float>(), xf_.size(0), xf_.size(1));
+    }
+    const blocks::Packed p{packed.data_ptr<uint8_t>(), packed.size(0), xf_.size(1),
+                           packed.size(1)};
+    if (qtype == "q4_0") return run<blocks::Q4<false>>(p, bias, y, ldy);
+    if (qtype == "q4_1") return run<blocks::Q4<true>>(p, bias, y, ldy);
+    run<blocks::Q8>(p, bias, y, ldy);
+  }
+
+ private:
+  template <typename Fmt, typename Out>
+  void run(const blocks::Packed& p, const Out* bias, Out* y, int64_t ldy) {
+    const int64_t m = xf_.size(0);
+    if (xq_) return blocks::packed_matmul<Fmt>(p, xq_->view(), m, bias, y, ldy);
+    blocks::packed_matmul<Fmt>(p, blocks::FloatX{xf_.data_ptr<float>(), xf_.size(1)}, m, bias, y,
+                               ldy);
+  }
+
+  const at::Tensor& x_;
+  bool int8_x_;
+  at::Tensor xf_;
+  std::optional<blocks::QuantizedRows> xq_;
+};
+
+// out [M, N] = x [M, K] W^T (+ bias), W the concatenation of `weights` by output rows; the
+// packed segments take x quantized to int8 when int8_x.
 void project(const at::Tensor& x, const std::vector<at::Tensor>& weights,
              const std::vector<std::string>& qtypes, const std::optional<at::Tensor>& bias,
-             const at::Tensor& out) {
+             const at::Tensor& out, bool int8_x) {
   const int64_t k = x.size(1);
-  at::Tensor xf;  // x in fp32, made once for the fast segments
+  FastX fast(x, int8_x);
   int64_t first = 0;
   for (size_t i = 0; i < weights.size(); ++i) {
     const at::Tensor& w = weights[i];
@@ -123,14 +155,14 @@ void project(const at::Tensor& x, const std::vector<at::Tensor>& weights,
     if (qtypes[i].empty()) {
       small_linear(x, w, b, y);
     } else if (fast_qtype(qtypes[i])) {
-      if (!xf.defined()) xf = x.to(at::kFloat).contiguous();
       if (x.scalar_type() == at::kFloat)
-        fast_segment<float>(xf, w, qtypes[i], b ? b->data_ptr<float>() : nullptr, y);
+        fast.multiply<float>(w, qtypes[i], b ? b->data_ptr<float>() : nullptr,
+                             y.data_ptr<float>(), y.stride(0));
       else
-        fast_segment<c10::BFloat16>(xf, w, qtypes[i],
-                                    b ? b->data_ptr<c10::BFloat16>() : nullptr, y);
+        fast.multiply<c10::BFloat16>(w, qtypes[i], b ? b->data_ptr<c10::BFloat16>() : nullptr,
+                                     y.data_ptr<c10::BFloat16>(), y.stride(0));
     } else {
-      quant_linear(x, w, qtypes[i], k, b, y);
+      quant_linear(x, w, qtypes[i], k, b, y, int8_x);
     }
     first += rows;
   }
@@ -195,13 +227,14 @@ at::Tensor input_norm(const at::Tensor& x, const std::optional<at::Tensor>& resi
 }
 
 void decode_linear(const at::Tensor& x, at::TensorList weights, std::vector<std::string> qtypes,
-                   const std::optional<at::Tensor>& bias, const at::Tensor& out) {
+                   const std::optional<at::Tensor>& bias, const at::Tensor& out,
+                   bool int8_activations) {
   check_x(x);
   const std::vector<at::Tensor> w(weights.begin(), weights.end());
   const int64_t n = check_projection(w, qtypes, x.size(1), x.scalar_type(), "weights");
   check_rows(out, "out", x.size(0), n, x.scalar_type());
   if (bias) check_rows(bias->view({1, -1}), "bias", 1, n, x.scalar_type());
-  project(x, w, qtypes, bias, out);
+  project(x, w, qtypes, bias, out, int8_activations);
 }
 
 void decode_attention_block(
@@ -213,7 +246,7 @@ void decode_attention_block(
     const at::Tensor& v_buffer, const at::Tensor& out_cache_loc, const at::Tensor& req_to_token,
     const at::Tensor& req_pool_indices, const at::Tensor& seq_lens, double scale,
     double logit_cap, int64_t sliding_window, at::TensorList o_weights,
-    std::vector<std::string> o_qtypes, const at::Tensor& out) {
+    std::vector<std::string> o_qtypes, const at::Tensor& out, bool int8_activations) {
   check_x(x);
   const int64_t tokens = x.size(0), hidden = x.size(1);
   const auto dtype = x.scalar_type();
@@ -233,7 +266,7 @@ void decode_attention_block(
 
   const at::Tensor h = input_norm(x, residual, norm_weight, eps);
   const at::Tensor qkv = at::empty({tokens, q_size + 2 * kv_size}, x.options());
-  project(h, qkv_w, qkv_qtypes, qkv_bias, qkv);
+  project(h, qkv_w, qkv_qtypes, qkv_bias, qkv, int8_activations);
   at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, num_heads, head_dim});
   at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads, head_dim});
   const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads, head_dim});
@@ -252,13 +285,14 @@ void decode_attention_block(
   const at::Tensor attn = at::empty({tokens, num_heads, head_dim}, x.options());
   decode_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, scale,
                    logit_cap, sliding_window, attn);
-  project(attn.view({tokens, q_size}), o_w, o_qtypes, std::nullopt, out);
+  project(attn.view({tokens, q_size}), o_w, o_qtypes, std::nullopt, out, int8_activations);
 }
 
 void decode_mlp_block(const at::Tensor& x, const at::Tensor& residual,
                       const at::Tensor& norm_weight, double eps, at::TensorList gate_up_weights,
                       std::vector<std::string> gate_up_qtypes, at::TensorList down_weights,
-                      std::vector<std::string> down_qtypes, const at::Tensor& out) {
+                      std::vector<std::string> down_qtypes, const at::Tensor& out,
+                      bool int8_activations) {
   check_x(x);
   const int64_t tokens = x.size(0), hidden = x.size(1);
   const auto dtype = x.scalar_type();
@@ -272,16 +306,18 @@ void decode_mlp_block(const at::Tensor& x, const at::Tensor& residual,
 
   const at::Tensor h = input_norm(x, residual, norm_weight, eps);
   const at::Tensor gate_up = at::empty({tokens, gu_rows}, x.options());
-  project(h, gu_w, gate_up_qtypes, std::nullopt, gate_up);
+  project(h, gu_w, gate_up_qtypes, std::nullopt, gate_up, int8_activations);
   const at::Tensor act = at::empty({tokens, gu_rows / 2}, x.options());
   silu_and_mul(gate_up, act);
-  project(act, d_w, down_qtypes, std::nullopt, out);
+  project(act, d_w, down_qtypes, std::nullopt, out, int8_activations);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixflow_cpu, m) {
-  m.def("decode_linear(Tensor x, Tensor[] weights, str[] qtypes, Tensor? bias, Tensor(a!) out) -> ()");
+  m.def(
+      "decode_linear(Tensor x, Tensor[] weights, str[] qtypes, Tensor? bias, Tensor(a!) out, "
+      "bool int8_activations=False) -> ()");
   m.def(
       "decode_attention_block(Tensor x, Tensor(a!)? residual, Tensor norm_weight, float eps, "
       "Tensor[] qkv_weights, str[] qkv_qtypes, Tensor? qkv_bias, Tensor? q_norm_weight, "
@@ -289,11 +325,11 @@ TORCH_LIBRARY_FRAGMENT(radixflow_cpu, m) {
       "int head_dim, Tensor(b!) k_buffer, Tensor(c!) v_buffer, Tensor out_cache_loc, "
       "Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, float scale, "
       "float logit_cap, int sliding_window, Tensor[] o_weights, str[] o_qtypes, "
-      "Tensor(d!) out) -> ()");
+      "Tensor(d!) out, bool int8_activations=False) -> ()");
   m.def(
       "decode_mlp_block(Tensor x, Tensor(a!) residual, Tensor norm_weight, float eps, "
       "Tensor[] gate_up_weights, str[] gate_up_qtypes, Tensor[] down_weights, "
-      "str[] down_qtypes, Tensor(b!) out) -> ()");
+      "str[] down_qtypes, Tensor(b!) out, bool int8_activations=False) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixflow_cpu, CPU, m) {

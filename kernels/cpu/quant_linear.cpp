@@ -3,20 +3,24 @@
 //
 //     q4_0 q4_1 q8_0, M <= 128  quant_blocks.h's packed_matmul: blocks decoded in registers,
 //                               tiles of 8 rows of x; batch invariant (each output's sum in one
-//                               order whatever M), the same kernel as decode_layer.cpp's
+//                               order whatever M), the same kernel as decode_layer.cpp's; with
+//                               int8_activations x is first quantized per block of 32 and the
+//                               blocks multiplied in int8 (llama.cpp's q8 activations); the
+//                               other paths then multiply x rounded to that grid in fp32
 //     q4_k q6_k, M <= 8         each 256-weight block decoded to int8 q, a scale s and an
 //                               offset o per 16 weights (w = s q + o, as ggml) in an L1 scratch,
 //                               then acc[r][m] = fma(w_r, x[m, k:k+kLanes], acc[r][m])
 //     more rows (prefill)       a tile of rows that fits L2 decoded to fp32, one sgemm per tile
 //
 // The weights are exact in fp32 (gguf's own dequantize, up to one rounding of s q + o, which is
-// fused here); sums are fp32, so the result is F.linear on the dequantized weight within fp32
-// summation-order error, rounded once to x's dtype. The vectors are simd.h's for the ISA this
+// fused here); sums are fp32, so the result is F.linear on the dequantized weight (and on x's
+// int8 grid with int8_activations) within fp32 summation-order error, rounded once to x's dtype. The vectors are simd.h's for the ISA this
 // file is compiled for.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/mm.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
@@ -164,9 +168,10 @@ void matvec(const Problem& p, const Out* bias, Out* y, int64_t ldy) {
   // About 32 KiB of packed rows per task: enough that the fork costs little.
   const int64_t steps = p.n / R;
   const int64_t grain = std::max<int64_t>(1, 32768 / (R * p.row_bytes));
-  at::parallel_for(0, steps, grain, [&](int64_t begin, int64_t end) {
+  vec::parallel_chunks((steps + grain - 1) / grain, [&](int64_t chunk) {
     float sums[R * M];
-    for (int64_t step = begin; step < end; ++step) {
+    const int64_t end = std::min(steps, (chunk + 1) * grain);
+    for (int64_t step = chunk * grain; step < end; ++step) {
       dot_rows<Fmt, M, R>(p, step * R, sums);
       finish(step * R, R, sums);
     }
@@ -231,30 +236,50 @@ void sgemm(const at::Tensor& xf, const at::Tensor& packed, RowDecoder decode,
 
 // -- the op ----------------------------------------------------------------------------------
 
-// q4_0, q4_1, q8_0 (blocks::Q4, blocks::Q8).
-template <typename Fmt>
-void run_blocks(const at::Tensor& x, const at::Tensor& packed,
+// q4_0, q4_1, q8_0 (blocks::Q4, blocks::Q8), x in fp32 or quantized to int8 per block.
+template <typename Fmt, typename X>
+void multiply_blocks(const X& x, int64_t m, const blocks::Packed& p,
                 const std::optional<at::Tensor>& bias, const at::Tensor& out) {
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const int64_t m = x.size(0);
-  if (m > kMaxBlockedRows) return sgemm(xf, packed, &blocks::dequantize_row<Fmt>, bias, out);
-  const blocks::Packed p{packed.data_ptr<uint8_t>(), packed.size(0), x.size(1), packed.size(1)};
-  if (x.scalar_type() == at::kFloat) {
-    return blocks::packed_matmul<Fmt, float>(p, xf.data_ptr<float>(), m,
-                                             bias ? bias->data_ptr<float>() : nullptr,
-                                             out.data_ptr<float>(), out.stride(0));
+  if (out.scalar_type() == at::kFloat) {
+    return blocks::packed_matmul<Fmt>(p, x, m, bias ? bias->data_ptr<float>() : nullptr,
+                                      out.data_ptr<float>(), out.stride(0));
   }
   using BF = c10::BFloat16;
-  blocks::packed_matmul<Fmt, BF>(p, xf.data_ptr<float>(), m,
-                                 bias ? bias->data_ptr<BF>() : nullptr, out.data_ptr<BF>(),
-                                 out.stride(0));
+  blocks::packed_matmul<Fmt>(p, x, m, bias ? bias->data_ptr<BF>() : nullptr, out.data_ptr<BF>(),
+                             out.stride(0));
+}
+
+// x in fp32, contiguous; with int8_x rounded to its int8 grid (for the fp32 paths, so that every
+// path of one op multiplies the same x).
+at::Tensor float_rows(const at::Tensor& x, bool int8_x) {
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  if (!int8_x) return xf;
+  const at::Tensor rounded = at::empty_like(xf);
+  blocks::QuantizedRows(xf.data_ptr<float>(), xf.size(0), xf.size(1))
+      .dequantize(rounded.data_ptr<float>());
+  return rounded;
+}
+
+template <typename Fmt>
+void run_blocks(const at::Tensor& x, const at::Tensor& packed,
+                const std::optional<at::Tensor>& bias, const at::Tensor& out, bool int8_x) {
+  const int64_t m = x.size(0), k = x.size(1);
+  if (m > kMaxBlockedRows)
+    return sgemm(float_rows(x, int8_x), packed, &blocks::dequantize_row<Fmt>, bias, out);
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const blocks::Packed p{packed.data_ptr<uint8_t>(), packed.size(0), k, packed.size(1)};
+  if (int8_x) {
+    const blocks::QuantizedRows xq(xf.data_ptr<float>(), m, k);
+    return multiply_blocks<Fmt>(xq.view(), m, p, bias, out);
+  }
+  multiply_blocks<Fmt>(blocks::FloatX{xf.data_ptr<float>(), k}, m, p, bias, out);
 }
 
 // q4_k, q6_k.
 template <typename Fmt>
 void run_kquant(const at::Tensor& x, const at::Tensor& packed,
-                const std::optional<at::Tensor>& bias, const at::Tensor& out) {
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
+                const std::optional<at::Tensor>& bias, const at::Tensor& out, bool int8_x) {
+  const at::Tensor xf = float_rows(x, int8_x);
   if (x.size(0) > kMaxRows) return sgemm(xf, packed, &dequantize_row<Fmt>, bias, out);
   const Problem p{xf.data_ptr<float>(), packed.data_ptr<uint8_t>(), x.size(0), packed.size(0),
                   x.size(1), packed.size(1)};
@@ -276,7 +301,8 @@ void check_layout(const at::Tensor& packed, int64_t k, const std::string& qtype,
 }
 
 void quant_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& qtype,
-                  int64_t k, const std::optional<at::Tensor>& bias, const at::Tensor& out) {
+                  int64_t k, const std::optional<at::Tensor>& bias, const at::Tensor& out,
+                  bool int8_activations) {
   TORCH_CHECK(x.dim() == 2 && packed.dim() == 2 && out.dim() == 2,
               "x, packed and out must be 2-D");
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu() && out.device().is_cpu(),
@@ -294,10 +320,10 @@ void quant_linear(const at::Tensor& x, const at::Tensor& packed, const std::stri
                     bias->size(0) == packed.size(0) && bias->is_contiguous(),
                 "bias must be a contiguous [N] tensor of x's dtype");
   }
-#define RADIXFLOW_QTYPE(name, Fmt, block, run)         \
-  if (qtype == name) {                                  \
-    check_layout(packed, k, qtype, block, Fmt::kBytes); \
-    return run<Fmt>(x, packed, bias, out);              \
+#define RADIXFLOW_QTYPE(name, Fmt, block, run)                 \
+  if (qtype == name) {                                          \
+    check_layout(packed, k, qtype, block, Fmt::kBytes);         \
+    return run<Fmt>(x, packed, bias, out, int8_activations);    \
   }
   RADIXFLOW_QTYPE("q8_0", blocks::Q8, blocks::kBlock, run_blocks)
   RADIXFLOW_QTYPE("q4_0", blocks::Q4<false>, blocks::kBlock, run_blocks)
@@ -312,7 +338,8 @@ void quant_linear(const at::Tensor& x, const at::Tensor& packed, const std::stri
 
 TORCH_LIBRARY_FRAGMENT(radixflow_cpu, m) {
   m.def(
-      "quant_linear(Tensor x, Tensor packed, str qtype, int k, Tensor? bias, Tensor(a!) out) -> ()");
+      "quant_linear(Tensor x, Tensor packed, str qtype, int k, Tensor? bias, Tensor(a!) out, "
+      "bool int8_activations=False) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixflow_cpu, CPU, m) { m.impl("quant_linear", &quant_linear); }

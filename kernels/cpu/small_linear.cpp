@@ -8,7 +8,6 @@
 // then the R*M lane vectors are summed kLanes at a time by a transpose-add. Accumulation is
 // fp32: FMA for float32; for bfloat16, VDPBF16PS (two bf16 products per fp32 lane) when the
 // build has AVX512-BF16, else w and x widened to fp32.
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "simd.h"
+#include "work_pool.h"
 
 namespace vec = radixflow_cpu;
 using vec::Vec;
@@ -124,8 +124,9 @@ void run(const Problem<Op, Out>& p) {
   const int64_t blocks = p.n / R;
   // Enough blocks per task that the fork costs little next to the stream (~64 KiB of w).
   const int64_t grain = std::max<int64_t>(1, 65536 / (R * p.k * (int64_t)sizeof(typename Op::W)));
-  at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) block<Op, Out, M, R>(p, b * R);
+  vec::parallel_chunks((blocks + grain - 1) / grain, [&](int64_t chunk) {
+    const int64_t end = std::min(blocks, (chunk + 1) * grain);
+    for (int64_t b = chunk * grain; b < end; ++b) block<Op, Out, M, R>(p, b * R);
   });
   for (int64_t n = blocks * R; n < p.n; ++n) block<Op, Out, M, 1>(p, n);
 }

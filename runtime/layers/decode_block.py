@@ -121,6 +121,11 @@ class DecodeStack:
         return self._bound
 
 
+def _int8_activations(*layers: nn.Module) -> bool:
+    """Whether the layers' quantized kernel rounds x to int8 (the fused ops then do too)."""
+    return any(isinstance(m, QuantLinear) and m.impl.int8_activations for m in layers)
+
+
 def _bind_layer(module: nn.Module) -> _Layer:
     attn, mlp = module.self_attn, module.mlp
     spec = attn.spec
@@ -138,9 +143,14 @@ def _bind_layer(module: nn.Module) -> _Layer:
         k_norm=attn.k_norm.weight if attn.qk_norm else None,
         logit_cap=spec.logit_cap,
         sliding_window=spec.sliding_window,
+        int8_activations=_int8_activations(attn.qkv_proj, attn.o_proj),
     )
     post = module.post_attention_layernorm
     mlp_weights = MlpWeights(
-        post.weight, post.eps, projection_of(mlp.gate_up_proj), projection_of(mlp.down_proj)
+        post.weight,
+        post.eps,
+        projection_of(mlp.gate_up_proj),
+        projection_of(mlp.down_proj),
+        int8_activations=_int8_activations(mlp.gate_up_proj, mlp.down_proj),
     )
     return _Layer(attention, mlp_weights, spec.layer_id, attn.tp)

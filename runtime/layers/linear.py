@@ -72,29 +72,43 @@ QuantLinearFn = Callable[[torch.Tensor, torch.Tensor, str, int, torch.Tensor | N
 
 @dataclass(frozen=True)
 class QuantLinearImpl:
-    """`fn(x, packed, qtype, k, bias)` = kernels/reference.py `quant_linear_ref`. `qtypes`: the
-    types it runs without dequantizing the whole weight per call (the reference runs every
-    type, but `quantization=auto` keeps GGUF weights packed only where this set has their type)."""
+    """`fn(x, packed, qtype, k, bias)` = kernels/reference.py `quant_linear_ref` (with
+    `int8_activations`). `qtypes`: the types it runs without dequantizing the whole weight per
+    call (the reference runs every type, but `quantization=auto` keeps GGUF weights packed only
+    where this set has their type). `int8_activations`: its q4_0/q4_1/q8_0 products take x
+    rounded to int8 per block of 32 (kernels/quant_linear.py); the fused decode ops follow it."""
 
     name: str
     fn: QuantLinearFn
     qtypes: frozenset[str]
+    int8_activations: bool = False
 
 
-def _cpu_quant_linear(
-    x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int, bias: torch.Tensor | None
-) -> torch.Tensor:
+def _cpu_quant_linear(int8_activations: bool) -> QuantLinearFn:
     """The compiled CPU kernel (kernels/quant_linear.py) for the dtypes it takes."""
-    if x.dim() == 2 and x.dtype in quant_linear.DTYPES and (bias is None or bias.dtype == x.dtype):
-        return quant_linear.quant_linear(x, packed, qtype, k, bias)
-    return quant_linear_ref(x, packed, qtype, k, bias)
+
+    def cpu_quant_linear(
+        x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        if (
+            x.dim() == 2
+            and x.dtype in quant_linear.DTYPES
+            and (bias is None or bias.dtype == x.dtype)
+        ):
+            return quant_linear.quant_linear(
+                x, packed, qtype, k, bias, int8_activations=int8_activations
+            )
+        return quant_linear_ref(x, packed, qtype, k, bias, int8_activations=int8_activations)
+
+    return cpu_quant_linear
 
 
 def choose_quant_linear(target: OpsTarget) -> QuantLinearImpl:
     """Triton (W8A16/W4A16: q8_0, q4_0, q4_1) on CUDA with the Triton kernels, the compiled
     CPU kernel (every qtype) where the CPU kernels are built (also under the Triton
-    interpreter, as the other matmuls), else the reference, which dequantizes the whole
-    weight on every call (no type counts as fast there)."""
+    interpreter, as the other matmuls; int8 activations as the target says), else the
+    reference, which dequantizes the whole weight on every call (no type counts as fast
+    there)."""
     if target.triton and target.device.type == "cuda":
         from radixflow.kernels import quant_triton
 
@@ -107,7 +121,9 @@ def choose_quant_linear(target: OpsTarget) -> QuantLinearImpl:
 
         return QuantLinearImpl("triton", triton_quant_linear, frozenset(quant_triton.QTYPES))
     if target.cpu_kernels and quant_linear.quant_linear_available():
-        return QuantLinearImpl("cpu", _cpu_quant_linear, frozenset(QTYPES))
+        int8 = target.int8_activations
+        name = "cpu-int8-activations" if int8 else "cpu"
+        return QuantLinearImpl(name, _cpu_quant_linear(int8), frozenset(QTYPES), int8)
     return QuantLinearImpl("torch-dequantize", quant_linear_ref, frozenset())
 
 

@@ -1,4 +1,5 @@
-"""What the ops are chosen for: the device, the dtype and whether Triton kernels run."""
+"""What the ops are chosen for: the device, the dtype, whether Triton kernels run and the
+precision of the quantized matmuls' activations."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ class OpsTarget:
     device: torch.device
     dtype: torch.dtype
     triton: bool = False
+    # the CPU kernels' packed matmuls round x to int8 per block of 32 (--quant-activations int8)
+    int8_activations: bool = False
 
     @functools.cached_property
     def cpu_kernels(self) -> bool:

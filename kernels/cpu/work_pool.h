@@ -1,0 +1,148 @@
+// A parallel loop whose caller never waits for a thread that has not started: the decode
+// kernels' replacement for at::parallel_for.
+//
+//     parallel_chunks(count, fn)   fn(i) for every i in [0, count), each exactly once, on the
+//                                  calling thread and up to at::get_num_threads() - 1 helpers
+//
+// Chunks are claimed one at a time from an atomic counter, the caller claiming too, and the
+// call returns once every claimed chunk is done. With OpenMP (at::parallel_for) each region
+// ends in a barrier that waits for every thread of the team: a helper that is slow to wake
+// (asleep between decode steps, or its core busy with another process) holds the whole step,
+// and a batch-1 decode step runs ~130 such regions. Here a late helper finds the counter
+// exhausted and goes back to waiting; the result never depends on which thread ran a chunk.
+//
+// Helpers spin for kSpinMicros after a job (the next projection follows within microseconds),
+// then sleep on a condition variable. One job runs at a time: a call made while another is
+// running, or from inside a chunk, runs its chunks on the calling thread alone.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace radixflow_cpu {
+
+class WorkPool {
+ public:
+  using Chunk = std::function<void(int64_t)>;
+
+  static WorkPool& instance() {
+    static WorkPool* pool = new WorkPool();  // never destroyed: helpers are detached
+    return *pool;
+  }
+
+  void run(int64_t count, const Chunk& fn) {
+    const int helpers = std::min<int64_t>(at::get_num_threads(), count) - 1;
+    std::unique_lock<std::mutex> caller(caller_mutex_, std::try_to_lock);
+    if (helpers <= 0 || in_chunk_ || !caller.owns_lock()) return run_alone(count, fn);
+    grow(helpers);
+    Job job{&fn, count, helpers};
+    current_.store(&job);  // the job is whole before any helper can see it
+    {
+      std::lock_guard<std::mutex> lock(sleep_mutex_);
+      epoch_.fetch_add(1);
+    }
+    if (sleeping_.load() > 0) wake_.notify_all();
+    in_chunk_ = true;
+    claim(job);
+    in_chunk_ = false;
+    while (job.done.load() < count) pause();
+    // No helper may touch `job` once this returns: a helper counts itself in busy_ before it
+    // reads current_, so after the store below only those already counted can hold it.
+    current_.store(nullptr);
+    while (busy_.load() != 0) pause();
+  }
+
+ private:
+  static constexpr int64_t kSpinMicros = 100;
+
+  // One call's chunks; its counters are its own, so a late helper can only claim chunks of
+  // the job it read.
+  struct Job {
+    const Chunk* fn;
+    int64_t count;
+    int participants;
+    std::atomic<int64_t> next{0}, done{0};
+  };
+
+  static void pause() {
+#if defined(__x86_64__)
+    _mm_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+
+  static void run_alone(int64_t count, const Chunk& fn) {
+    for (int64_t i = 0; i < count; ++i) fn(i);
+  }
+
+  static void claim(Job& job) {
+    for (int64_t i = job.next.fetch_add(1); i < job.count; i = job.next.fetch_add(1)) {
+      (*job.fn)(i);
+      job.done.fetch_add(1);
+    }
+  }
+
+  void grow(int helpers) {
+    while (static_cast<int>(threads_) < helpers) {
+      const int index = static_cast<int>(threads_++);
+      std::thread([this, index] { helper(index); }).detach();
+    }
+  }
+
+  // Waits for an epoch after `seen`; false when none came within the spin (then it sleeps).
+  bool spin_for_job(uint64_t seen) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+    for (int i = 0;; ++i) {
+      if (epoch_.load() != seen) return true;
+      pause();
+      if ((i & 255) == 255 && std::chrono::steady_clock::now() > until) return false;
+    }
+  }
+
+  void helper(int index) {
+    in_chunk_ = true;  // a kernel called from a chunk runs alone
+    uint64_t seen = epoch_.load();
+    for (;;) {
+      if (!spin_for_job(seen)) {
+        std::unique_lock<std::mutex> lock(sleep_mutex_);
+        sleeping_.fetch_add(1);
+        wake_.wait(lock, [&] { return epoch_.load() != seen; });
+        sleeping_.fetch_sub(1);
+      }
+      seen = epoch_.load();
+      busy_.fetch_add(1);
+      Job* job = current_.load();
+      if (job != nullptr && index < job->participants) claim(*job);
+      busy_.fetch_sub(1);
+    }
+  }
+
+  std::mutex caller_mutex_;  // one job at a time
+  std::mutex sleep_mutex_;
+  std::condition_variable wake_;
+  std::atomic<uint64_t> epoch_{0};  // moves once per job: wakes the helpers
+  std::atomic<Job*> current_{nullptr};
+  std::atomic<int> sleeping_{0}, busy_{0};
+  std::atomic<size_t> threads_{0};
+  static inline thread_local bool in_chunk_ = false;
+};
+
+// fn(i) for i in [0, count) on the pool (see above).
+inline void parallel_chunks(int64_t count, const WorkPool::Chunk& fn) {
+  WorkPool::instance().run(count, fn);
+}
+
+}  // namespace radixflow_cpu

@@ -1,0 +1,290 @@
+"""Compile-time sharing: sub-schema IR memoised across compiles, IR facts known at construction,
+the lazily built "any name but the declared ones" table. Each is compared with its plain twin
+(no memo, facts computed from scratch, Python's own string comparison)."""
+
+import json
+import random
+from pathlib import Path
+
+import jsonschema
+import pytest
+from automaton_walk import accepts
+
+from radixflow.grammars import json_schema_memo
+from radixflow.grammars.automaton import RegexAutomaton
+from radixflow.grammars.cfg import GrammarAutomaton, bnf_from_ebnf
+from radixflow.grammars.json_schema import SchemaConverter, schema_to_ir
+from radixflow.grammars.json_schema_memo import SubschemaMemo, shared_memo
+from radixflow.grammars.json_schema_resolve import canonical_schema
+from radixflow.grammars.nfa import Deadline
+from radixflow.grammars.regex_algebra import exclude_words
+from radixflow.grammars.regex_facts import IrFacts
+from radixflow.grammars.regex_ir import (
+    Alt,
+    Chars,
+    Dfa,
+    Repeat,
+    Seq,
+    children,
+    literal,
+    parse_regex,
+    parse_search_regex,
+    utf8_sequences,
+)
+from radixflow.grammars.regex_terms import NEVER
+
+SUITE = Path(__file__).resolve().parents[2] / "shared/peer-data/json-schema-test-suite/tests"
+
+
+def language(schema, memo: SubschemaMemo | None):
+    """The byte automaton of `schema`, built as the compiler builds it, with or without `memo`."""
+    ir, defs = schema_to_ir(canonical_schema(schema), None, Deadline(20.0), 16, memo)
+    if not defs:
+        return RegexAutomaton(ir, Deadline(20.0))
+    bnf = bnf_from_ebnf({"start": ir, **defs}, "start", Deadline(20.0))
+    return GrammarAutomaton(bnf, Deadline(20.0))
+
+
+def compact(value) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def suite_groups() -> list[dict]:
+    groups = []
+    for draft in ("draft2020-12", "draft7"):
+        for path in sorted((SUITE / draft).glob("*.json")):
+            groups += json.loads(path.read_text())
+    return groups
+
+
+def verdicts(groups: list[dict], memo: SubschemaMemo | None) -> list:
+    """Per group: None when it does not compile, else whether each instance is accepted."""
+    out = []
+    for group in groups:
+        try:
+            auto = language(group["schema"], memo)
+        except ValueError:
+            out.append(None)
+            continue
+        out.append([accepts(auto, compact(case["data"])) for case in group["tests"]])
+    return out
+
+
+@pytest.mark.skipif(not SUITE.is_dir(), reason="JSON-Schema-Test-Suite not in ../shared/peer-data")
+def test_memoised_sub_schemas_keep_every_language_of_the_test_suite():
+    groups = suite_groups()
+    plain = verdicts(groups, None)
+    memo = SubschemaMemo()
+    # In order, then backwards: each group meets sub-schemas that other documents (drafts
+    # with other `$ref` rules included) put in the memo first.
+    assert verdicts(groups, memo) == plain
+    assert verdicts(groups[::-1], memo) == plain[::-1]
+    assert len(memo) > 100
+    compiled = [v for v in plain if v is not None]
+    assert len(compiled) > 200 and sum(map(len, compiled)) > 1000
+
+
+def ir_nodes(root) -> set[int]:
+    seen, stack = set(), [root]
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(children(node))
+    return seen
+
+
+ITEM = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 5}, "n": {"type": "integer"}},
+    "required": ["name"],
+}
+
+
+def test_a_sub_schema_seen_in_an_earlier_compile_is_not_converted_again():
+    memo = SubschemaMemo()
+    first = {"type": "array", "items": ITEM}
+    second = {"type": "object", "properties": {"a": {"type": "boolean"}, "item": ITEM}}
+    ir_first, _ = schema_to_ir(canonical_schema(first), None, Deadline(None), 16, memo)
+    ir_second, _ = schema_to_ir(canonical_schema(second), None, Deadline(None), 16, memo)
+    item, _ = schema_to_ir(canonical_schema(ITEM), None, Deadline(None), 16, memo)
+    assert id(item) in ir_nodes(ir_first) and id(item) in ir_nodes(ir_second)
+    alone, _ = schema_to_ir(canonical_schema(ITEM), None, Deadline(None), 16, None)
+    assert alone is not item  # without the memo each compile converts it
+    # Other options are other languages: never taken from the memo.
+    spaced, _ = schema_to_ir(canonical_schema(ITEM), r"[ ]?", Deadline(None), 16, memo)
+    shallow, _ = schema_to_ir(canonical_schema(ITEM), None, Deadline(None), 3, memo)
+    assert spaced is not item and shallow is not item
+
+
+def test_a_sub_schema_that_uses_a_ref_is_shared_only_where_its_targets_are_equal(monkeypatch):
+    memo = SubschemaMemo()
+    inner = {
+        "type": "object",
+        "properties": {"x": {"$ref": "#/$defs/t"}},
+        "required": ["x"],
+        "additionalProperties": False,
+    }
+    # `inner` met a second time in one document (as `k`, then inside `c`'s items) is taken
+    # from that compile's own conversions: what holds it depends on the `$ref` all the same.
+    outer = {"type": "array", "items": inner}
+    twice = {"properties": {"k": inner, "c": outer}, "required": ["c"]}
+    docs = [
+        {"$defs": {"t": {"type": "integer"}}, "type": "array", "items": inner},
+        {"$defs": {"t": {"type": "string"}}, "type": "array", "items": inner},
+        {"$defs": {"t": {"type": "integer"}}, "properties": {"k": inner}, "required": ["k"]},
+        {"$defs": {"t": {"type": "string"}}, "properties": {"k": inner}, "required": ["k"]},
+        {"$defs": {"t": {"type": "integer"}}, **twice},
+        {"$defs": {"t": {"type": "string"}}, "properties": {"c": outer}, "required": ["c"]},
+    ]
+    for i, doc in enumerate(docs):
+        auto = language(doc, memo)
+        for value in (
+            [{"x": 1}], [{"x": "s"}], {"k": {"x": 1}}, {"k": {"x": "s"}}, {"c": [{"x": 1}]},
+            {"c": [{"x": "s"}]},
+        ):  # fmt: skip
+            want = jsonschema.Draft202012Validator(doc).is_valid(value)
+            assert accepts(auto, compact(value)) == want, (i, value)
+    # Another document whose reference points at an equal target reuses the conversion of
+    # `inner` (and of `outer`); one whose target differs does not.
+    reused = []
+    take = SchemaConverter._from_memo
+
+    def spy(self, key):
+        got = take(self, key)
+        reused.append(got is not None)
+        return got
+
+    monkeypatch.setattr(SchemaConverter, "_from_memo", spy)
+    same = {"$defs": {"t": {"type": "string"}, "u": {"type": "null"}}, **twice}
+    other = {"$defs": {"t": {"type": "boolean"}}, **twice}
+    for doc, hits in ((same, 2), (other, 0)):
+        reused.clear()
+        auto = language(doc, memo)
+        assert sum(reused) == hits
+        for value in ({"c": [{"x": True}]}, {"c": [{"x": "s"}]}, {"k": {"x": "s"}, "c": []}):
+            want = jsonschema.Draft202012Validator(doc).is_valid(value)
+            assert accepts(auto, compact(value)) == want, value
+
+
+def test_what_holds_a_reused_conversion_reads_its_refs_too():
+    # `inner` comes from the memo inside `outer`: `outer` then depends on `t` as well.
+    memo = SubschemaMemo()
+    inner = {"properties": {"x": {"$ref": "#/$defs/t"}}, "required": ["x"]}
+    outer = {"type": "array", "items": inner}
+    docs = [
+        {"$defs": {"t": {"type": "string"}}, "properties": {"k": inner}},
+        {"$defs": {"t": {"type": "string"}}, "properties": {"c": outer}},
+        {"$defs": {"t": {"type": "integer"}}, "properties": {"c": outer}},
+    ]
+    for doc in docs:
+        auto = language(doc, memo)
+        for value in ({"c": [{"x": 1}]}, {"c": [{"x": "s"}]}, {"k": {"x": 1}}):
+            want = jsonschema.Draft202012Validator(doc).is_valid(value)
+            assert accepts(auto, compact(value)) == want, (doc, value)
+
+
+def test_the_memo_is_bounded_least_recently_used_out():
+    memo = SubschemaMemo(max_entries=4)
+    for i in range(12):
+        schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": i}}}
+        schema_to_ir(canonical_schema(schema), None, Deadline(None), 16, memo)
+        assert len(memo) <= 4
+    last = {"type": "string", "maxLength": 11}
+    kept, _ = schema_to_ir(canonical_schema(last), None, Deadline(None), 16, memo)
+    again, _ = schema_to_ir(canonical_schema(last), None, Deadline(None), 16, memo)
+    assert kept is again
+    with pytest.raises(ValueError, match="max_entries"):
+        SubschemaMemo(max_entries=-1)
+
+
+def test_a_full_numbering_starts_a_new_shared_memo(monkeypatch):
+    small = SubschemaMemo(max_shapes=3)
+    monkeypatch.setattr(json_schema_memo, "_shared", small)
+    assert shared_memo() is small
+    schema_to_ir(canonical_schema(ITEM), None, Deadline(None), 16, small)
+    assert small.full
+    fresh = shared_memo()
+    assert fresh is not small and not fresh.full and len(fresh) == 0
+
+
+# ---- facts at construction ---------------------------------------------------------------
+
+
+def reference_facts(node) -> tuple[bool, bool]:
+    """(dead, nullable) from scratch, ignoring what nodes carry."""
+    if isinstance(node, Chars):  # dead when no code point in it has a UTF-8 encoding
+        return not any(utf8_sequences(lo, hi) for lo, hi in node.ranges), False
+    if isinstance(node, Seq):
+        kids = [reference_facts(k) for k in node.items]
+        return any(d for d, _ in kids), all(n for _, n in kids)
+    if isinstance(node, Alt):
+        kids = [reference_facts(k) for k in node.items]
+        return all(d for d, _ in kids), any(n and not d for d, n in kids)
+    if isinstance(node, Repeat):
+        dead, nullable = reference_facts(node.item)
+        return node.lo > 0 and dead, node.lo == 0 or nullable
+    assert isinstance(node, Dfa)
+    return not node.table.live(node.start, 0, node.lo, node.hi), node.nullable
+
+
+PATTERNS = [
+    "a", "ab|", "(a|b)*c", "[^\\x00-\\U0010ffff]", "[\\ud800-\\udfff]", "[\\ud800-\\udfffx]",
+    "a{0}", "(a[^\\x00-\\U0010ffff])?", "(x|[\\ud800-\\udfff])+", "(()|a)", "a{2,5}b?",
+    "\\d+(\\.\\d*)?", "((a|)b|)*", "[a-z]{3}|[\\ud800-\\udbff]{2}",
+]  # fmt: skip
+
+
+def corpus() -> list:
+    out = [parse_regex(p) for p in PATTERNS] + [parse_search_regex("^ab+$"), NEVER]
+    any_string = Repeat(Chars(((0, 0x10FFFF),)), 0, None)
+    out += [exclude_words(any_string, ["a", "ab", ""]), Seq((literal("x"), NEVER))]
+    out.append(Alt((NEVER, Repeat(NEVER, 0, 3), Repeat(NEVER, 1, 3))))
+    return out
+
+
+def test_facts_at_construction_equal_the_reference():
+    facts = IrFacts(lambda: None)
+    checked = 0
+    for root in corpus():
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            stack.extend(children(node))
+            want = reference_facts(node)
+            if node.facts is not None:
+                assert node.facts == want, node
+            assert (facts.dead(node), facts.nullable(node)) == want, node
+            checked += 1
+    assert checked > 60
+
+
+def test_nodes_without_facts_get_them_from_one_pass():
+    # A Dfa whose length window needs its suffix lengths computes none at construction, nor
+    # does what holds it; the NFA's facts compute them once and keep them on the nodes.
+    table = exclude_words(Repeat(Chars(((97, 98),)), 0, None), ["a"]).table
+    narrow = Dfa(table, 0, 3, 3)
+    root = Seq((literal("x"), narrow))
+    assert narrow.facts is None and root.facts is None
+    facts = IrFacts(lambda: None)
+    got = (facts.dead(root), facts.nullable(root))
+    assert narrow.facts is not None and root.facts == got
+    assert got == reference_facts(root) and narrow.facts == reference_facts(narrow)
+
+
+# ---- any name but the declared ones ------------------------------------------------------
+
+
+def test_all_but_the_declared_names_matches_python_and_is_shared():
+    any_name = Repeat(Chars(((0, 0x10FFFF),)), 0, None)
+    rng = random.Random(7)
+    for _ in range(20):
+        words = [
+            "".join(rng.choice("ab\u00e9") for _ in range(rng.randint(0, 4))) for _ in range(6)
+        ]
+        auto = RegexAutomaton(exclude_words(any_name, words))
+        for _ in range(60):
+            text = "".join(rng.choice("ab\u00e9c") for _ in range(rng.randint(0, 5)))
+            assert accepts(auto, text) == (text not in words), (words, text)
+    table = exclude_words(any_name, ["x", "y"]).table
+    assert exclude_words(any_name, ["x", "y"]).table is table
