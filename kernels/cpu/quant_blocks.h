@@ -5,7 +5,7 @@
 //     FloatX   fp32 rows: each block decoded to kBlockVecs fp32 vectors (w = d q + m, one
 //              rounding as gguf's own), acc[r][m] = fma(w_r, x[m, k:k+kLanes], acc[r][m]);
 //              the result is F.linear on the dequantized weight within fp32 summation error
-//     Int8X    x quantized per block of 32 (quantize_rows: d = max|x| / 127, q = round(x / d)
+//     Int8X    x quantized per block of 32 (QuantizedRows: d = max|x| / 127, q = round(x / d)
 //              to nearest even, as llama.cpp's q8 activations): each block's int8 codes times
 //              x's codes summed exactly in int32 (int8_dot.h), then
 //              y += d_w d_x sum(q_w q_x) + m_w d_x sum(q_x)
@@ -85,7 +85,7 @@ struct Q4 {
     for (int i = 0; i < kBlockVecs; ++i) w[i] = load(f + i * kLanes);
 #endif
   }
-  // For int8 x: the codes q (0..15), d and m.
+  // For int8 x: the codes q (0..15), d and m (offset: read only where kHasOffset).
   static constexpr bool kHasOffset = true;
   static int8::Bytes codes(const uint8_t* b) { return int8::nibbles(b + (kHasMin ? 4 : 2)); }
   static float scale(const uint8_t* b) { return half_at(b); }
@@ -106,7 +106,6 @@ struct Q8 {
     return int8::load_bytes(reinterpret_cast<const int8_t*>(b + 2));
   }
   static float scale(const uint8_t* b) { return half_at(b); }
-  static float offset(const uint8_t*) { return 0.0f; }
   static int8::IntSums dot(int8::Bytes q, int8::Bytes x) { return int8::dot(q, x); }
 };
 
@@ -138,7 +137,7 @@ struct FloatX {
   }
 };
 
-// Rows of x quantized per block of 32 (quantize_rows): codes q [rows, k], and per block d and
+// Rows of x quantized per block of 32 (QuantizedRows): codes q [rows, k], and per block d and
 // s = d sum(q) [rows, k / 32].
 struct Int8X {
   const int8_t* q;
