@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from radixflow.kernels import quant_triton
 from radixflow.kernels.quant_triton import QTYPES, quant_linear_triton
 from radixflow.kernels.reference import quant_linear_ref
 from radixflow.kernels.testing import random_gguf_weight, relative_error
@@ -40,6 +41,31 @@ def test_matches_gguf_dequantize_then_linear(rows, qtype, with_bias, dtype):
     assert relative_error(got, quant_linear_ref(x, packed, qtype, k, bias)) < TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("split_k", [2, 3, 8])
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("rows", [3, 20], ids=["scale-after-dot", "dequantized-tile"])
+def test_k_split_over_programs_gives_the_unsplit_result(rows, qtype, split_k):
+    n, k = 40, 320  # ten blocks: 3 shares of 4, 4 and 2 blocks; 8 shares become 5 of 2
+    packed, w = weight(qtype, n, k)
+    gen = torch.Generator().manual_seed(split_k)
+    x, bias = torch.randn(rows, k, generator=gen), torch.randn(n, generator=gen)
+    whole = quant_linear_triton(x, packed, qtype, k, bias, split_k=1)
+    split = quant_linear_triton(x, packed, qtype, k, bias, split_k=split_k)
+    assert relative_error(split, whole) < 1e-6
+    assert relative_error(split, F.linear(x.double(), w.double(), bias.double())) < 1e-5
+
+
+def test_split_k_grows_only_while_the_gpu_has_idle_multiprocessors(monkeypatch):
+    monkeypatch.setattr(quant_triton, "_multiprocessors", lambda device: 132)
+    cuda = torch.device("cuda")  # 8 programs per multiprocessor wanted: 1056
+    assert quant_triton.PROGRAMS_PER_MULTIPROCESSOR == 8
+    assert quant_triton.choose_split_k(224, 128, cuda) == 8  # 224 x 8 tiles >= 1056
+    assert quant_triton.choose_split_k(132, 4096, cuda) == 8
+    assert quant_triton.choose_split_k(1100, 448, cuda) == 1  # enough tiles already
+    assert quant_triton.choose_split_k(1, 40, cuda) == 4  # shares keep 8 blocks at least
+    assert quant_triton.choose_split_k(64, 448, cuda) == quant_triton.MAX_SPLIT_K
+
+
 def test_writes_into_out_with_strided_rows():
     packed, w = weight("q8_0", 70, 64)
     x = torch.randn(5, 64)
@@ -59,6 +85,7 @@ def test_writes_into_out_with_strided_rows():
         (dict(x=torch.zeros(2, 32)), r"x must be \[M, 64\]"),
         (dict(bias=torch.zeros(3)), r"bias must be \[4\]"),
         (dict(out=torch.zeros(4, 2)), r"out must be a torch.float32 tensor of shape \(2, 4\)"),
+        (dict(split_k=0), "split_k must be at least 1, got 0"),
     ],
 )
 def test_bad_arguments_raise_value_errors_naming_them(change, message):

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from gguf import GGMLQuantizationType as Q
 from safetensors.torch import load_file, save_file
@@ -22,7 +21,7 @@ from tiny_models import make_tiny_model_dir
 from radixflow.kernels.quant_formats import PackedWeight, dequantize, quantize
 from radixflow.runtime import gguf_convert, model_loader
 from radixflow.runtime.config import EngineConfig
-from radixflow.runtime.distributed.group import TPGroup, init_tp_group
+from radixflow.runtime.distributed.group import TPGroup, exit_rank_process, init_tp_group
 from radixflow.runtime.distributed.parallel_layers import ModelShards, WeightSlice
 from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.gguf_convert import PACKED_METADATA_KEY
@@ -303,7 +302,7 @@ def rank_main(rank: int, port: int, runs: dict[str, tuple[Path, dict]], out: Pat
     except (ValueError, RuntimeError) as exc:
         report["error"] = str(exc)
     torch.save(report, out / f"agree-{rank}.pt")
-    dist.destroy_process_group()
+    exit_rank_process(0)
 
 
 def free_port() -> int:

@@ -8,6 +8,9 @@ for it runs exactly as without tensor parallelism.
 from __future__ import annotations
 
 import datetime
+import logging
+import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -84,3 +87,20 @@ def init_tp_group(
         timeout=datetime.timedelta(seconds=timeout_s),
     )
     return TPGroup(rank=rank, size=size, group=dist.group.WORLD)
+
+
+def exit_rank_process(code: int) -> None:
+    """End a tensor-parallel rank's process: leave the group, flush, and exit without the
+    interpreter's finalization.
+
+    Gloo's worker threads drop their last references to a collective's tensors just after the
+    collective returns. One doing so while Python 3.11 finalizes has to take the GIL, is ended
+    with pthread_exit, and the forced unwind through a noexcept destructor aborts the process
+    (std::terminate, SIGABRT): a rank that finished its work would report a crash.
+    """
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from radixflow.runtime.config import EngineConfig
-from radixflow.runtime.distributed.group import TPGroup, init_tp_group
+from radixflow.runtime.distributed.group import TPGroup, exit_rank_process, init_tp_group
 from radixflow.runtime.distributed.layout import TPLayout
 from radixflow.runtime.distributed.step_channel import recv_forward
 from radixflow.runtime.model_loader import Checkpoint, load_checkpoint
@@ -101,10 +101,10 @@ def worker_main(config: EngineConfig, layout: TPLayout, rank: int, parent_pid: i
         check_startup(tp, report)
     except RuntimeError as exc:  # every rank has the same error; a traceback adds nothing
         logger.error("%s", exc)
-        sys.exit(1)
+        exit_rank_process(1)
     assert runner is not None  # check_startup raised otherwise
     serve_steps(tp, runner)
-    dist.destroy_process_group()
+    exit_rank_process(0)
 
 
 def serve_steps(tp: TPGroup, runner: ModelRunner) -> None:
