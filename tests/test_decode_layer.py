@@ -1,7 +1,8 @@
 """The fused CPU decode sublayers (kernels/decode_layer.py) against their torch references
 (kernels/reference.py): projections of every weight kind, the attention sublayer over a paged
 pool (GQA, bias, q/k norm, partial rotary, sliding window, ragged batches) and the MLP sublayer,
-in float32 and bfloat16; bad arguments raise errors that name them."""
+in float32 and bfloat16; a whole stack bound once (DecodeLayers) gives the sublayer ops' bits;
+bad arguments raise errors that name them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from radixflow.kernels.cpu_build import current_choice
 from radixflow.kernels.decode_layer import (
     AttentionWeights,
+    DecodeLayers,
     MlpWeights,
     PagedKV,
     Projection,
@@ -185,3 +187,77 @@ def test_bad_arguments_raise_errors_naming_them():
     bad = AttentionWeights(**{**vars(w), "num_kv_heads": 4})
     with pytest.raises(RuntimeError, match="qkv must have"):
         decode_attention_block(x, None, bad, cos_sin, kv)
+
+
+def stack_case(kind: str, dtype: torch.dtype, int8: bool, gen: torch.Generator):
+    """Three layers (attention over 3 requests in one pool, K/V buffers per layer in a
+    shuffled order) and an MLP of the same hidden size."""
+    layers, k_buffers, v_buffers, step = [], [], [], None
+    for i in range(3):
+        w, kv, cos_sin, x = attention_case(LAYOUTS["llama-gqa"], kind, dtype, [9, 1, 23], gen, int8)
+        if step is None:
+            step, step_cos_sin, step_x = kv, cos_sin, x
+        # one step: every layer's tokens sit at the first layer's places in its own pool
+        kv = PagedKV(kv.k_buffer, kv.v_buffer, *list(vars(step).values())[2:])
+        hidden = w.norm.shape[0]
+        mlp = MlpWeights(
+            norm=(1 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype),
+            eps=1e-5,
+            gate_up=projection([kind, kind], [192, 192], hidden, dtype, gen),
+            down=projection([kind], [hidden], 192, dtype, gen),
+            int8_activations=int8,
+        )
+        layers.append((w, mlp, 2 - i, kv))
+        k_buffers.insert(0, kv.k_buffer)
+        v_buffers.insert(0, kv.v_buffer)
+    return layers, k_buffers, v_buffers, step_cos_sin, step_x
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kind", ["q4_1+int8", "q8_0", ""], ids=lambda q: q or "float")
+def test_bound_layers_give_the_sublayer_ops_bits(kind, dtype):
+    gen = torch.Generator().manual_seed(11)
+    kind, int8 = kind.removesuffix("+int8"), kind.endswith("+int8")
+    layers, k_buffers, v_buffers, cos_sin, x = stack_case(kind, dtype, int8, gen)
+    ops_k = [b.clone() for b in k_buffers]
+    ops_v = [b.clone() for b in v_buffers]
+    # the layer loop of runtime/layers/decode_block.py, one op per sublayer
+    h, residual = x.clone(), None
+    for w, mlp, kv_index, kv in layers:
+        kv = PagedKV(ops_k[kv_index], ops_v[kv_index], *list(vars(kv).values())[2:])
+        attn = decode_attention_block(h, residual, w, cos_sin, kv)
+        residual = h if residual is None else residual
+        h = decode_mlp_block(attn, residual, mlp)
+    stack = DecodeLayers([(w, mlp, kv_index) for w, mlp, kv_index, _ in layers])
+    assert len(stack) == 3
+    step = layers[0][3]
+    stacked_x = x.clone()
+    got, got_residual = stack.forward(
+        stacked_x, cos_sin, k_buffers, v_buffers, step.out_cache_loc, step.req_to_token,
+        step.req_pool_indices, step.seq_lens,
+    )  # fmt: skip
+    assert torch.equal(got, h) and torch.equal(got_residual, residual)
+    assert got_residual.data_ptr() == stacked_x.data_ptr()  # x became the residual stream
+    for ours, theirs in zip(k_buffers + v_buffers, ops_k + ops_v, strict=True):
+        assert torch.equal(ours, theirs)
+
+
+def test_bound_layers_reject_bad_layers_and_steps():
+    gen = torch.Generator().manual_seed(5)
+    layers, k_buffers, v_buffers, cos_sin, x = stack_case("q8_0", torch.float32, False, gen)
+    w, mlp, _, step = layers[0]
+    with pytest.raises(RuntimeError, match="qkv must have"):
+        DecodeLayers([(AttentionWeights(**{**vars(w), "num_kv_heads": 4}), mlp, 0)])
+    narrow = MlpWeights(**{**vars(mlp), "norm": mlp.norm[:64]})
+    with pytest.raises(RuntimeError, match=r"the MLP norm's weight must be a contiguous \[128\]"):
+        DecodeLayers([(w, mlp, 0), (w, narrow, 1)])
+    stack = DecodeLayers([(w, mlp, 5)])
+    args = (step.out_cache_loc, step.req_to_token, step.req_pool_indices, step.seq_lens)
+    with pytest.raises(RuntimeError, match="no K/V buffer at index 5"):
+        stack.forward(x.clone(), cos_sin, k_buffers, v_buffers, *args)
+    stack = DecodeLayers([(w, mlp, 0)])
+    outside = torch.full_like(step.out_cache_loc, 10**6)
+    with pytest.raises(RuntimeError, match="outside the pool's 256 slots"):
+        stack.forward(x.clone(), cos_sin, k_buffers, v_buffers, outside, *args[1:])
+    with pytest.raises(RuntimeError, match="in the layers' dtype"):
+        stack.forward(x.bfloat16(), cos_sin, k_buffers, v_buffers, *args)

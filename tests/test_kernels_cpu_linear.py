@@ -39,7 +39,10 @@ def check(rows: int, n: int, k: int, dtype: torch.dtype, with_bias: bool) -> Non
     out = torch.full((rows, n), float("nan"), dtype=dtype)
     got = small_linear(x, w, bias, out=out)
     assert got.data_ptr() == out.data_ptr() and got.dtype == dtype
-    assert relative_error(got, F.linear(x, w, bias)) < TOLERANCE[dtype]
+    # torch's own bf16 linear accumulates differently per platform (on aarch64 ~1e-2 from the
+    # exact result): the reference is the same inputs multiplied in fp32, rounded once
+    fp32 = F.linear(x.float(), w.float(), None if bias is None else bias.float())
+    assert relative_error(got, fp32.to(dtype)) < TOLERANCE[dtype]
     exact = F.linear(x.double(), w.double(), None if bias is None else bias.double())
     assert relative_error(got, exact) < TOLERANCE[dtype]
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import math
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -348,3 +350,23 @@ def test_two_ranks_give_the_one_device_logits(tmp_path, monkeypatch):
     assert [a["pages"] for a in agree] == [129, 129]  # 128 tokens + the padding page
     assert "another tensor-parallel rank failed" in agree[0]["error"]
     assert "context_length 4096 exceeds" in agree[1]["error"]
+
+
+def test_a_rank_exits_with_its_code_and_its_output_flushed(tmp_path):
+    """exit_rank_process skips the interpreter's finalization (os._exit): what the rank
+    printed or logged before must still reach its pipes, and its exit code its parent."""
+    script = (
+        "import logging, sys\n"
+        "from radixflow.runtime.distributed.group import exit_rank_process\n"
+        "logging.basicConfig(stream=sys.stderr)\n"
+        "print('rank output')\n"
+        "logging.getLogger('rank').warning('rank log line')\n"
+        "exit_rank_process(3)\n"
+        "print('not reached')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 3
+    assert done.stdout == "rank output\n"
+    assert "rank log line" in done.stderr

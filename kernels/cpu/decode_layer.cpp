@@ -7,6 +7,8 @@
 //     MLP sublayer        residual += x; h = rms_norm(residual); out = silu_and_mul(h W_gu^T) W_d^T
 //
 // Each ends at its projection's output, so a tensor-parallel caller can all-reduce it there.
+// Without tensor parallelism, DecodeLayers (a TorchScript class) holds a model's layers, checked
+// once when bound, and runs a step's every layer in one call.
 // The row-wise ops and the attention are the library's own kernels, called through the
 // dispatcher; a projection is a list of segments (output rows of one kind each), run by
 //
@@ -26,7 +28,10 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/BFloat16.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
+
+#include <cstring>
 
 #include <string>
 #include <vector>
@@ -226,6 +231,138 @@ at::Tensor input_norm(const at::Tensor& x, const std::optional<at::Tensor>& resi
   return h;
 }
 
+// The tokens' rows of `src` [tokens, heads, head_dim] (rows may be strided) into the pool's
+// slots `loc` (what index_copy_ does, without its per-call setup).
+void store_rows(const at::Tensor& pool, const at::Tensor& loc, const at::Tensor& src) {
+  TORCH_CHECK(src.stride(2) == 1 && src.stride(1) == src.size(2), "k/v rows must be whole");
+  const int64_t slots = pool.size(0), row_bytes = src.size(1) * src.size(2) * src.element_size();
+  const int64_t* where = loc.data_ptr<int64_t>();
+  auto* dst = static_cast<char*>(pool.data_ptr());
+  const auto* from = static_cast<const char*>(src.data_ptr());
+  for (int64_t t = 0; t < src.size(0); ++t) {
+    TORCH_CHECK(where[t] >= 0 && where[t] < slots, "out_cache_loc[", t, "] = ", where[t],
+                " is outside the pool's ", slots, " slots");
+    std::memcpy(dst + where[t] * row_bytes, from + t * src.stride(0) * src.element_size(),
+                row_bytes);
+  }
+}
+
+void check_norm(const at::Tensor& weight, int64_t size, at::ScalarType dtype, const char* name) {
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == size && weight.scalar_type() == dtype &&
+                  weight.is_contiguous(),
+              name, " must be a contiguous [", size, "] tensor in x's dtype");
+}
+
+// One layer's attention sublayer: its weights and knobs, checked once against the model's
+// hidden size and dtype.
+struct AttentionLayer {
+  at::Tensor norm;
+  double eps;
+  std::vector<at::Tensor> qkv;
+  std::vector<std::string> qkv_qtypes;
+  std::optional<at::Tensor> qkv_bias, q_norm, k_norm;
+  int64_t num_heads, num_kv_heads, head_dim;
+  double scale, logit_cap;
+  int64_t sliding_window;
+  std::vector<at::Tensor> o;
+  std::vector<std::string> o_qtypes;
+  bool int8_activations;
+
+  void check(int64_t hidden, at::ScalarType dtype) const {
+    check_norm(norm, hidden, dtype, "the attention norm's weight");
+    if (q_norm) check_norm(*q_norm, head_dim, dtype, "q_norm's weight");
+    if (k_norm) check_norm(*k_norm, head_dim, dtype, "k_norm's weight");
+    const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+    TORCH_CHECK(check_projection(qkv, qkv_qtypes, hidden, dtype, "qkv") == q_size + 2 * kv_size,
+                "qkv must have num_heads * head_dim + 2 * num_kv_heads * head_dim rows");
+    TORCH_CHECK(check_projection(o, o_qtypes, q_size, dtype, "o") == hidden,
+                "o must have hidden rows");
+  }
+};
+
+// The pool and this step's places in it (decode_layer.py's PagedKV).
+struct StepKV {
+  const at::Tensor& k_buffer;
+  const at::Tensor& v_buffer;
+  const at::Tensor& out_cache_loc;
+  const at::Tensor& req_to_token;
+  const at::Tensor& req_pool_indices;
+  const at::Tensor& seq_lens;
+};
+
+void attention_sublayer(const AttentionLayer& w, const at::Tensor& x,
+                        const std::optional<at::Tensor>& residual, const at::Tensor& cos_sin,
+                        int64_t rotary_dim, const StepKV& kv, const at::Tensor& out) {
+  const int64_t tokens = x.size(0), hidden = x.size(1);
+  const int64_t q_size = w.num_heads * w.head_dim, kv_size = w.num_kv_heads * w.head_dim;
+  check_rows(out, "out", tokens, hidden, x.scalar_type());
+  TORCH_CHECK(kv.out_cache_loc.scalar_type() == at::kLong && kv.out_cache_loc.numel() == tokens &&
+                  kv.out_cache_loc.is_contiguous(),
+              "out_cache_loc must be contiguous int64 [tokens]");
+  for (const at::Tensor* buffer : {&kv.k_buffer, &kv.v_buffer})
+    TORCH_CHECK(buffer->dim() == 3 && buffer->size(1) == w.num_kv_heads &&
+                    buffer->size(2) == w.head_dim && buffer->scalar_type() == x.scalar_type() &&
+                    buffer->is_contiguous(),
+                "k/v buffers must be contiguous [slots, num_kv_heads, head_dim] in x's dtype");
+
+  const at::Tensor h = input_norm(x, residual, w.norm, w.eps);
+  const at::Tensor qkv = at::empty({tokens, q_size + 2 * kv_size}, x.options());
+  project(h, w.qkv, w.qkv_qtypes, w.qkv_bias, qkv, w.int8_activations);
+  at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, w.num_heads, w.head_dim});
+  at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, w.num_kv_heads, w.head_dim});
+  const at::Tensor v =
+      qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, w.num_kv_heads, w.head_dim});
+  if (w.q_norm) {  // Qwen3: RMSNorm over each head, into fresh contiguous q, k
+    const at::Tensor qn = at::empty({tokens * w.num_heads, w.head_dim}, x.options());
+    const at::Tensor kn = at::empty({tokens * w.num_kv_heads, w.head_dim}, x.options());
+    rms_norm(q.reshape({tokens * w.num_heads, w.head_dim}), std::nullopt, *w.q_norm, w.eps, qn);
+    rms_norm(k.reshape({tokens * w.num_kv_heads, w.head_dim}), std::nullopt, *w.k_norm, w.eps,
+             kn);
+    q = qn.view({tokens, w.num_heads, w.head_dim});
+    k = kn.view({tokens, w.num_kv_heads, w.head_dim});
+  }
+  rotary_neox(q, cos_sin, rotary_dim);
+  rotary_neox(k, cos_sin, rotary_dim);
+  store_rows(kv.k_buffer, kv.out_cache_loc, k);
+  store_rows(kv.v_buffer, kv.out_cache_loc, v);
+  const at::Tensor attn = at::empty({tokens, w.num_heads, w.head_dim}, x.options());
+  decode_attention(q, kv.k_buffer, kv.v_buffer, kv.req_to_token, kv.req_pool_indices,
+                   kv.seq_lens, w.scale, w.logit_cap, w.sliding_window, attn);
+  project(attn.view({tokens, q_size}), w.o, w.o_qtypes, std::nullopt, out, w.int8_activations);
+}
+
+// One layer's MLP sublayer, checked once as AttentionLayer.
+struct MlpLayer {
+  at::Tensor norm;
+  double eps;
+  std::vector<at::Tensor> gate_up;
+  std::vector<std::string> gate_up_qtypes;
+  std::vector<at::Tensor> down;
+  std::vector<std::string> down_qtypes;
+  bool int8_activations;
+
+  int64_t check(int64_t hidden, at::ScalarType dtype) const {
+    check_norm(norm, hidden, dtype, "the MLP norm's weight");
+    const int64_t rows = check_projection(gate_up, gate_up_qtypes, hidden, dtype, "gate_up");
+    TORCH_CHECK(rows % 2 == 0, "gate_up must have an even number of rows");
+    TORCH_CHECK(check_projection(down, down_qtypes, rows / 2, dtype, "down") == hidden,
+                "down must have hidden rows and take the intermediate size");
+    return rows;
+  }
+};
+
+void mlp_sublayer(const MlpLayer& w, int64_t gate_up_rows, const at::Tensor& x,
+                  const at::Tensor& residual, const at::Tensor& out) {
+  const int64_t tokens = x.size(0);
+  check_rows(out, "out", tokens, x.size(1), x.scalar_type());
+  const at::Tensor h = input_norm(x, residual, w.norm, w.eps);
+  const at::Tensor gate_up = at::empty({tokens, gate_up_rows}, x.options());
+  project(h, w.gate_up, w.gate_up_qtypes, std::nullopt, gate_up, w.int8_activations);
+  const at::Tensor act = at::empty({tokens, gate_up_rows / 2}, x.options());
+  silu_and_mul(gate_up, act);
+  project(act, w.down, w.down_qtypes, std::nullopt, out, w.int8_activations);
+}
+
 void decode_linear(const at::Tensor& x, at::TensorList weights, std::vector<std::string> qtypes,
                    const std::optional<at::Tensor>& bias, const at::Tensor& out,
                    bool int8_activations) {
@@ -248,44 +385,25 @@ void decode_attention_block(
     double logit_cap, int64_t sliding_window, at::TensorList o_weights,
     std::vector<std::string> o_qtypes, const at::Tensor& out, bool int8_activations) {
   check_x(x);
-  const int64_t tokens = x.size(0), hidden = x.size(1);
-  const auto dtype = x.scalar_type();
-  const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
-  const std::vector<at::Tensor> qkv_w(qkv_weights.begin(), qkv_weights.end());
-  const std::vector<at::Tensor> o_w(o_weights.begin(), o_weights.end());
-  TORCH_CHECK(check_projection(qkv_w, qkv_qtypes, hidden, dtype, "qkv") == q_size + 2 * kv_size,
-              "qkv must have num_heads * head_dim + 2 * num_kv_heads * head_dim rows");
-  TORCH_CHECK(check_projection(o_w, o_qtypes, q_size, dtype, "o") == hidden,
-              "o must have hidden rows");
-  check_rows(out, "out", tokens, hidden, dtype);
-  TORCH_CHECK(out_cache_loc.scalar_type() == at::kLong && out_cache_loc.numel() == tokens,
-              "out_cache_loc must be int64 [tokens]");
-  TORCH_CHECK(k_buffer.dim() == 3 && k_buffer.size(1) == num_kv_heads &&
-                  k_buffer.size(2) == head_dim && k_buffer.scalar_type() == dtype,
-              "k/v buffers must be [slots, num_kv_heads, head_dim] in x's dtype");
-
-  const at::Tensor h = input_norm(x, residual, norm_weight, eps);
-  const at::Tensor qkv = at::empty({tokens, q_size + 2 * kv_size}, x.options());
-  project(h, qkv_w, qkv_qtypes, qkv_bias, qkv, int8_activations);
-  at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, num_heads, head_dim});
-  at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads, head_dim});
-  const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads, head_dim});
-  if (q_norm_weight) {  // Qwen3: RMSNorm over each head, into fresh contiguous q, k
-    const at::Tensor qn = at::empty({tokens * num_heads, head_dim}, x.options());
-    const at::Tensor kn = at::empty({tokens * num_kv_heads, head_dim}, x.options());
-    rms_norm(q.reshape({tokens * num_heads, head_dim}), std::nullopt, *q_norm_weight, eps, qn);
-    rms_norm(k.reshape({tokens * num_kv_heads, head_dim}), std::nullopt, *k_norm_weight, eps, kn);
-    q = qn.view({tokens, num_heads, head_dim});
-    k = kn.view({tokens, num_kv_heads, head_dim});
-  }
-  rotary_neox(q, cos_sin, rotary_dim);
-  rotary_neox(k, cos_sin, rotary_dim);
-  k_buffer.index_copy_(0, out_cache_loc, k);
-  v_buffer.index_copy_(0, out_cache_loc, v);
-  const at::Tensor attn = at::empty({tokens, num_heads, head_dim}, x.options());
-  decode_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, scale,
-                   logit_cap, sliding_window, attn);
-  project(attn.view({tokens, q_size}), o_w, o_qtypes, std::nullopt, out, int8_activations);
+  const AttentionLayer w{norm_weight,
+                         eps,
+                         {qkv_weights.begin(), qkv_weights.end()},
+                         std::move(qkv_qtypes),
+                         qkv_bias,
+                         q_norm_weight,
+                         k_norm_weight,
+                         num_heads,
+                         num_kv_heads,
+                         head_dim,
+                         scale,
+                         logit_cap,
+                         sliding_window,
+                         {o_weights.begin(), o_weights.end()},
+                         std::move(o_qtypes),
+                         int8_activations};
+  w.check(x.size(1), x.scalar_type());
+  const StepKV kv{k_buffer, v_buffer, out_cache_loc, req_to_token, req_pool_indices, seq_lens};
+  attention_sublayer(w, x, residual, cos_sin, rotary_dim, kv, out);
 }
 
 void decode_mlp_block(const at::Tensor& x, const at::Tensor& residual,
@@ -294,23 +412,93 @@ void decode_mlp_block(const at::Tensor& x, const at::Tensor& residual,
                       std::vector<std::string> down_qtypes, const at::Tensor& out,
                       bool int8_activations) {
   check_x(x);
-  const int64_t tokens = x.size(0), hidden = x.size(1);
-  const auto dtype = x.scalar_type();
-  const std::vector<at::Tensor> gu_w(gate_up_weights.begin(), gate_up_weights.end());
-  const std::vector<at::Tensor> d_w(down_weights.begin(), down_weights.end());
-  const int64_t gu_rows = check_projection(gu_w, gate_up_qtypes, hidden, dtype, "gate_up");
-  TORCH_CHECK(gu_rows % 2 == 0, "gate_up must have an even number of rows");
-  TORCH_CHECK(check_projection(d_w, down_qtypes, gu_rows / 2, dtype, "down") == hidden,
-              "down must have hidden rows and take the intermediate size");
-  check_rows(out, "out", tokens, hidden, dtype);
-
-  const at::Tensor h = input_norm(x, residual, norm_weight, eps);
-  const at::Tensor gate_up = at::empty({tokens, gu_rows}, x.options());
-  project(h, gu_w, gate_up_qtypes, std::nullopt, gate_up, int8_activations);
-  const at::Tensor act = at::empty({tokens, gu_rows / 2}, x.options());
-  silu_and_mul(gate_up, act);
-  project(act, d_w, down_qtypes, std::nullopt, out, int8_activations);
+  const MlpLayer w{norm_weight,
+                   eps,
+                   {gate_up_weights.begin(), gate_up_weights.end()},
+                   std::move(gate_up_qtypes),
+                   {down_weights.begin(), down_weights.end()},
+                   std::move(down_qtypes),
+                   int8_activations};
+  mlp_sublayer(w, w.check(x.size(1), x.scalar_type()), x, residual, out);
 }
+
+// A model's decoder layers, bound once (their weights checked then), run for a decode step in
+// one call: the layer loop of runtime/layers/decode_block.py without a Python call and a trip
+// through the dispatcher per sublayer (a third of a batch-1 step's time before).
+class DecodeLayers : public torch::CustomClassHolder {
+ public:
+  // The next layer (the first sets the hidden size and dtype, as its input norm's weight): its attention sublayer's arguments as decode_attention_block's, less x,
+  // the residual, rotary and the step's K/V; its MLP's as decode_mlp_block's; `kv_index`:
+  // its K/V buffers' index in the lists forward takes.
+  void add_layer(at::Tensor attn_norm, double attn_eps, std::vector<at::Tensor> qkv,
+                 std::vector<std::string> qkv_qtypes, std::optional<at::Tensor> qkv_bias,
+                 std::optional<at::Tensor> q_norm, std::optional<at::Tensor> k_norm,
+                 int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double scale,
+                 double logit_cap, int64_t sliding_window, std::vector<at::Tensor> o,
+                 std::vector<std::string> o_qtypes, bool attn_int8, at::Tensor mlp_norm,
+                 double mlp_eps, std::vector<at::Tensor> gate_up,
+                 std::vector<std::string> gate_up_qtypes, std::vector<at::Tensor> down,
+                 std::vector<std::string> down_qtypes, bool mlp_int8, int64_t kv_index) {
+    Layer layer{{std::move(attn_norm), attn_eps, std::move(qkv), std::move(qkv_qtypes),
+                 std::move(qkv_bias), std::move(q_norm), std::move(k_norm), num_heads,
+                 num_kv_heads, head_dim, scale, logit_cap, sliding_window, std::move(o),
+                 std::move(o_qtypes), attn_int8},
+                {std::move(mlp_norm), mlp_eps, std::move(gate_up), std::move(gate_up_qtypes),
+                 std::move(down), std::move(down_qtypes), mlp_int8},
+                0,
+                kv_index};
+    if (layers_.empty()) {
+      hidden_ = layer.attention.norm.size(0);
+      dtype_ = layer.attention.norm.scalar_type();
+    }
+    layer.attention.check(hidden_, dtype_);
+    layer.gate_up_rows = layer.mlp.check(hidden_, dtype_);
+    TORCH_CHECK(kv_index >= 0, "kv_index must be non-negative, got ", kv_index);
+    layers_.push_back(std::move(layer));
+  }
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // x [tokens, hidden] (the embeddings) through every layer: (the last MLP's output, the
+  // residual stream without it), as decode_block.py's loop returns them. x becomes the
+  // residual stream (updated in place), as there.
+  std::tuple<at::Tensor, at::Tensor> forward(
+      at::Tensor x, at::Tensor cos_sin, std::vector<at::Tensor> k_buffers,
+      std::vector<at::Tensor> v_buffers, at::Tensor out_cache_loc, at::Tensor req_to_token,
+      at::Tensor req_pool_indices, at::Tensor seq_lens) {
+    check_x(x);
+    TORCH_CHECK(!layers_.empty(), "no layers were added");
+    TORCH_CHECK(x.size(1) == hidden_ && x.scalar_type() == dtype_, "x must be [tokens, ",
+                hidden_, "] in the layers' dtype");
+    const int64_t rotary_dim = cos_sin.size(1);
+    std::optional<at::Tensor> residual;
+    at::Tensor attn = at::empty_like(x), next = at::empty_like(x);
+    for (const Layer& layer : layers_) {
+      TORCH_CHECK(layer.kv_index < static_cast<int64_t>(k_buffers.size()) &&
+                      layer.kv_index < static_cast<int64_t>(v_buffers.size()),
+                  "no K/V buffer at index ", layer.kv_index);
+      const StepKV kv{k_buffers[layer.kv_index], v_buffers[layer.kv_index], out_cache_loc,
+                      req_to_token,              req_pool_indices,          seq_lens};
+      attention_sublayer(layer.attention, x, residual, cos_sin, rotary_dim, kv, attn);
+      if (!residual) residual = x;
+      mlp_sublayer(layer.mlp, layer.gate_up_rows, attn, *residual, next);
+      std::swap(x, next);  // the first layer's x is the residual stream: never written here
+      if (next.is_same(*residual)) next = at::empty_like(x);
+    }
+    return {x, *residual};
+  }
+
+ private:
+  struct Layer {
+    AttentionLayer attention;
+    MlpLayer mlp;
+    int64_t gate_up_rows;
+    int64_t kv_index;
+  };
+  int64_t hidden_ = 0;
+  at::ScalarType dtype_ = at::kFloat;
+  std::vector<Layer> layers_;
+};
 
 }  // namespace
 
@@ -330,6 +518,14 @@ TORCH_LIBRARY_FRAGMENT(radixflow_cpu, m) {
       "decode_mlp_block(Tensor x, Tensor(a!) residual, Tensor norm_weight, float eps, "
       "Tensor[] gate_up_weights, str[] gate_up_qtypes, Tensor[] down_weights, "
       "str[] down_qtypes, Tensor(b!) out, bool int8_activations=False) -> ()");
+}
+
+TORCH_LIBRARY_FRAGMENT(radixflow_cpu, m) {
+  m.class_<DecodeLayers>("DecodeLayers")
+      .def(torch::init<>())
+      .def("add_layer", &DecodeLayers::add_layer)
+      .def("num_layers", &DecodeLayers::num_layers)
+      .def("forward", &DecodeLayers::forward);
 }
 
 TORCH_LIBRARY_IMPL(radixflow_cpu, CPU, m) {

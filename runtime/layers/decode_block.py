@@ -11,6 +11,9 @@ rows, and each sublayer's output is all-reduced here, as the unfused layers do.
     for each layer:  a = attention_block(x, residual)   [all-reduce]   (residual += x inside)
                      x = mlp_block(a, residual)         [all-reduce]   (residual += a inside)
 
+Without tensor parallelism the whole loop is one call (kernels/decode_layer.py `DecodeLayers`);
+a rank calls the two sublayer ops per layer, all-reducing between them.
+
 The sublayer weights are gathered once, at the first fused step (after the weights loaded).
 """
 
@@ -66,6 +69,7 @@ class DecodeStack:
         self.backend = backend
         self.rotary = rotary
         self._bound: list[_Layer] | None = None
+        self._native: decode_layer.DecodeLayers | None = None  # one call per step (tp = 1)
         self.enabled = True
         self.reason = self._unusable(target)
         if self.reason:
@@ -98,6 +102,11 @@ class DecodeStack:
         cache = self.rotary.cos_sin_cache
         cos_sin = cache.index_select(0, batch.positions).to(x.dtype)
         x = x.contiguous()
+        if self._native is not None:
+            return self._native.forward(
+                x, cos_sin, pool.k_buffers, pool.v_buffers, batch.out_cache_loc,
+                batch.req_to_token, batch.req_pool_indices, batch.seq_lens,
+            )  # fmt: skip
         residual: torch.Tensor | None = None
         for layer in layers:
             kv = PagedKV(
@@ -118,6 +127,10 @@ class DecodeStack:
 
     def _bind(self) -> list[_Layer]:
         self._bound = [_bind_layer(module) for module in self.layers]
+        if all(layer.tp.size == 1 for layer in self._bound):
+            self._native = decode_layer.DecodeLayers(
+                [(layer.attention, layer.mlp, layer.layer_id) for layer in self._bound]
+            )
         return self._bound
 
 
