@@ -324,6 +324,7 @@ class GrammarAutomaton:
         self.ignore = frozenset(bnf.ignore)
         self._lex_start: dict[frozenset, int] = {}
         self._expand: dict[tuple, frozenset] = {}
+        self._groups: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}  # lexer state -> groups
         self.states = StateRows(self.budget, "parser positions")
         self.sets = self.states.sets
         self.lock = threading.RLock()
@@ -365,6 +366,20 @@ class GrammarAutomaton:
             self._expand[key] = got
         return got
 
+    def _lex_groups(self, lex: int) -> tuple[tuple[int, ...], np.ndarray]:
+        """The live states of lexer row `lex` and, per byte, the index of its target among
+        them (-1: dead); computed once per lexer state, which many parser states share."""
+        got = self._groups.get(lex)
+        if got is None:
+            values, inverse = np.unique(self.lexer.row(lex), return_inverse=True)
+            live = tuple(values.tolist())
+            inverse = inverse.reshape(-1).astype(np.int32)
+            if live[0] < 0:
+                live, inverse = live[1:], inverse - 1
+            got = self._groups[lex] = (live, inverse)
+            self.budget.charge(inverse.size * 4 + len(live) * 8 + DICT_ENTRY_BYTES)
+        return got
+
     def _compute_row(self, state: int) -> np.ndarray:
         # Each element's lexer row as codes into `succ_sets` (-1: dead), then the bytes
         # grouped by their column of codes: one interned state per distinct column.
@@ -372,15 +387,17 @@ class GrammarAutomaton:
         for node, lex, _ in self.sets[state]:
             if lex < 0:
                 continue
-            values, inverse = np.unique(self.lexer.row(lex), return_inverse=True)
-            ids = []
-            for v in values.tolist():
-                ids.append(-1 if v < 0 else len(succ_sets))
-                if v >= 0:
-                    succ_sets.append(self._successors(node, v))
-            codes.append(np.asarray(ids).take(inverse.reshape(-1)))
+            live, inverse = self._lex_groups(lex)
+            if not live:
+                continue
+            offset = len(succ_sets)
+            succ_sets.extend(self._successors(node, v) for v in live)
+            codes.append(np.where(inverse >= 0, inverse + offset, -1) if offset else inverse)
         if not codes:
             return np.full(256, -1, dtype=np.int32)
+        if len(codes) == 1:  # one element (the common case): a state per live lexer target
+            ids = [self._intern(succ) for succ in succ_sets] + [-1]
+            return np.asarray(ids, dtype=np.int32).take(codes[0])  # code -1 reads the last
         # A group id per byte, equal where the columns are (renumbered densely after each
         # element, so the mixed-radix key stays small), then one state per group.
         group = codes[0]

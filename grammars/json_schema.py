@@ -111,7 +111,7 @@ class SchemaConverter(ContainerConverter):
         self._converted: dict[int, object] = {}  # IR by `SchemaResolver.key` of the schema
         # What each conversion read of the document (see `convert`): ($ref, target number)s
         # by key, or the key in `_unshared`; `_unshared_uses` counts uses of the latter.
-        self._deps: dict[int, frozenset[tuple[str, int]]] = {}
+        self._deps: dict[int, tuple[tuple[str, int], ...]] = {}
         self._unshared: set[int] = set()
         self._unshared_uses = 0
         # Schemas (by key) under conversion -> their rule's name, and the names used inside.
@@ -172,7 +172,11 @@ class SchemaConverter(ContainerConverter):
             got = Ref(name)
         self._converted[key] = got
         reads = len(self.schemas.resolved) - start  # repeats included
-        deps = frozenset(self.schemas.resolved[start:]) if reads <= MAX_MEMO_READS else None
+        # a tuple of (str, int) tuples: the collector stops tracking it, a frozenset it never
+        # would (the memo keeps thousands)
+        deps = (
+            tuple(dict.fromkeys(self.schemas.resolved[start:])) if reads <= MAX_MEMO_READS else None
+        )
         if self._unshared_uses != unshared or deps is None or len(deps) > MAX_MEMO_DEPS:
             self._unshared.add(key)
             self._unshared_uses += 1

@@ -153,21 +153,26 @@ class ContainerConverter:
         sep = self._tok(",")
         memo: dict = {}
 
+        # Neither closure calls itself: a function in its own closure is a reference cycle,
+        # which keeps all it reaches (this object's IR) alive until a full collection.
+        def extras_after(count: int):
+            """Extra pairs, each after a separator, after `count` pairs."""
+            out = memo.get(count)
+            if out is None:
+                low, high = max(lo - count, 0), None if hi is None else hi - count
+                if extra is None or high == 0:
+                    out = EMPTY if low == 0 else NEVER
+                else:
+                    out = Repeat(seq(sep, extra), low, high)
+                memo[count] = out
+            return out
+
         def extras(first: bool, count: int):
             """Extra pairs after `count` pairs (no separator before the first if `first`)."""
-            key = ("extras", first, count)
-            if key in memo:
-                return memo[key]
-            low, high = max(lo - count, 0), None if hi is None else hi - count
-            if extra is None or high == 0:
-                out = EMPTY if low == 0 else NEVER
-            elif not first:
-                out = Repeat(seq(sep, extra), low, high)
-            else:
-                body = seq(extra, extras(False, min(count + 1, cap)))
-                out = Alt((EMPTY, body)) if low == 0 else body
-            memo[key] = out
-            return out
+            if not first or extra is None or hi == count:
+                return extras_after(count)
+            body = seq(extra, extras_after(min(count + 1, cap)))
+            return Alt((EMPTY, body)) if lo <= count else body
 
         # rest[at, count, first]: the pairs from chain positions `at` on, `count` pairs written
         # so far (no separator before the next if `first`): the next pair of any chain, or
@@ -239,20 +244,21 @@ class ContainerConverter:
         sep = self._tok(",")
         k = len(elems)
 
-        def rest(i: int):  # continuation after i emitted elements
-            if hi is not None and i >= hi:
-                return EMPTY if i >= lo else NEVER
-            if i >= k:
-                if tail_ir is None:
-                    return EMPTY if i >= lo else NEVER
-                return Repeat(seq(sep, tail_ir), max(lo - i, 0), None if hi is None else hi - i)
-            more = seq(sep, elems[i], rest(i + 1))
-            return alt(more, EMPTY) if i >= lo else more
+        # after[i]: the continuation after i emitted elements, i >= 1, built from the end
+        stop = k if hi is None else min(k, hi)  # from here on, no prefix element is next
+        i = max(stop, 1)
+        if (hi is not None and i >= hi) or tail_ir is None:
+            after = EMPTY if i >= lo else NEVER
+        else:
+            after = Repeat(seq(sep, tail_ir), max(lo - i, 0), None if hi is None else hi - i)
+        for i in range(stop - 1, 0, -1):
+            more = seq(sep, elems[i], after)
+            after = alt(more, EMPTY) if i >= lo else more
 
         if k:
-            first = seq(elems[0], rest(1))
+            first = seq(elems[0], after)
         elif tail_ir is not None:
-            first = seq(tail_ir, rest(1))
+            first = seq(tail_ir, after)
         else:
             first = NEVER
         if hi == 0:
@@ -282,22 +288,30 @@ class ContainerConverter:
                 f"{MAX_UNIQUE_STATES} states (MAX_UNIQUE_STATES)"
             )
         sep = self._tok(",")
-        memo: dict[frozenset, object] = {}
-
-        def elements(used: frozenset):
-            """The elements after those in `used` (each but the first after a separator)."""
-            if used not in memo:
-                i = len(used)
-                options = [EMPTY] if i >= lo else []
-                choices = (slots[i] if i < len(slots) else others) if hi is None or i < hi else {}
-                for key, spelled in choices.items():
-                    if key not in used:
-                        head = spelled if i == 0 else seq(sep, spelled)
-                        options.append(seq(head, elements(used | {key})))
-                memo[used] = Alt(tuple(options))
-            return memo[used]
-
-        return self._brackets(elements(frozenset()), lo)
+        # elements[used]: the elements after those in `used` (each but the first after a
+        # separator), for every reachable `used`, children first (a loop, not a recursion)
+        elements: dict[frozenset, object] = {}
+        stack = [frozenset()]
+        while stack:
+            used = stack[-1]
+            if used in elements:  # pushed again before it was built
+                stack.pop()
+                continue
+            i = len(used)
+            choices = (slots[i] if i < len(slots) else others) if hi is None or i < hi else {}
+            nexts = {key: used | {key} for key in choices if key not in used}
+            todo = [n for n in nexts.values() if n not in elements]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            options = [EMPTY] if i >= lo else []
+            for key, n in nexts.items():
+                head = choices[key] if i == 0 else seq(sep, choices[key])
+                options.append(seq(head, elements[n]))
+            elements[used] = Alt(tuple(options))
+        start = elements[frozenset()]
+        return self._brackets(start, lo)
 
     def _finite_values(self, schema, where: str) -> dict[str, object]:
         """{JSON value key: IR of its spellings} of an enum/const/boolean/null schema."""

@@ -373,6 +373,7 @@ class LazyDFA:
         self.budget = budget or GrammarBudget()
         nfa.budget = self.budget
         self._by_targets: dict[tuple[int, ...], int] = {}
+        self._tags: dict[int, tuple[int, ...]] = {}
         self.states = StateRows(self.budget, "NFA states")
         self.sets = self.states.sets
 
@@ -439,10 +440,14 @@ class LazyDFA:
                 row[a:b] = self.intern(active)
         return row
 
-    def tags(self, state: int) -> list[int]:
-        """Tags of the accepting NFA states in `state`."""
-        tags = self.nfa.tags
-        return [tags[s] for s in self.sets[state] if s in tags]
+    def tags(self, state: int) -> tuple[int, ...]:
+        """Tags of the accepting NFA states in `state` (kept: parser states share lexer states)."""
+        got = self._tags.get(state)
+        if got is None:
+            tags = self.nfa.tags
+            got = self._tags[state] = tuple(tags[s] for s in self.sets[state] if s in tags)
+            self.budget.charge(sys.getsizeof(got) + DICT_ENTRY_BYTES)
+        return got
 
 
 def nfa_nbytes(nfa: NFA) -> int:

@@ -140,28 +140,34 @@ def _all_but(words: tuple[str, ...]) -> DfaTable:
     the same names (an object's declared names, often the same across schemas)."""
     kids, ends = _trie(words, Deadline(None))
     past = len(kids)
-    shortest = [1 if end else 0 for end in ends] + [0]
-    accepting = [not end for end in ends] + [True]
-    return DfaTable(_AllButRows(kids, past), accepting, (shortest, [math.inf] * (past + 1)))
+    # Tuples of ints and floats: Python's cyclic collector stops tracking them, where each list
+    # (or dict) would be scanned, item by item, by every full collection for as long as the
+    # table is cached (hundreds of tables, thousands of trie nodes).
+    shortest = (*(1 if end else 0 for end in ends), 0)
+    accepting = (*(not end for end in ends), True)
+    moves = tuple(tuple(sorted(k.items())) for k in kids)
+    return DfaTable(_AllButRows(moves, past), accepting, (shortest, (math.inf,) * (past + 1)))
 
 
 class _AllButRows(Sequence):
     """The rows of `_all_but`'s table, each made on first use."""
 
-    def __init__(self, kids: list[dict[int, int]], past: int):
-        self._kids = kids
-        self._rows: list[Moves | None] = [None] * past + [((ANY_CHAR, past),)]
+    def __init__(self, kids: tuple[tuple[tuple[int, int], ...], ...], past: int):
+        self._kids = kids  # per trie node, its (code point, child)s in code point order
+        self._past = past  # the state past the trie
+        self._rows: dict[int, Moves] = {past: ((ANY_CHAR, past),)}  # the rows made so far
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return self._past + 1
 
     def __getitem__(self, s):  # an int, as DfaTable's readers index it
-        row = self._rows[s]
+        row = self._rows.get(s)
         if row is None:
+            if not 0 <= s < self._past:
+                raise IndexError(f"state {s} of a table of {self._past + 1}")
             children = self._kids[s]
-            points = sorted(children)
-            out = [(((cp, cp),), children[cp]) for cp in points]
-            out.append((_punch(ANY_CHAR, points), len(self._rows) - 1))
+            out = [(((cp, cp),), child) for cp, child in children]
+            out.append((_punch(ANY_CHAR, [cp for cp, _ in children]), self._past))
             row = self._rows[s] = tuple(out)
         return row
 

@@ -15,6 +15,8 @@ is `x'{0,n}`, where `x'` is x without the empty word (`_non_empty`, built once p
 
 from __future__ import annotations
 
+import types
+import weakref
 from collections.abc import Callable
 
 from .regex_ir import EMPTY, Alt, Dfa, Ref, Repeat, Seq, fold, set_facts
@@ -27,11 +29,28 @@ def _known(node) -> tuple[object, bool, bool] | None:
     return None if got is None else (node, *got)
 
 
+def _weak_clock(check: Callable[[], None]) -> Callable[[], None]:
+    """`check`, holding its object weakly if it is a bound method: the owner of an `IrFacts`
+    (the NFA) passes its own method, and a strong reference would be a cycle, so that a
+    dropped NFA (a temporary automaton of a compile) and all it holds would wait for a full
+    collection instead of going when its last reference does."""
+    if not isinstance(check, types.MethodType):
+        return check
+    ref = weakref.WeakMethod(check)
+
+    def clock() -> None:
+        method = ref()
+        if method is not None:
+            method()
+
+    return clock
+
+
 class IrFacts:
     """Memoized `dead`/`nullable` of IR nodes and the counter form of repeats."""
 
     def __init__(self, check: Callable[[], None]):
-        self._check = check  # the clock, called every _CHECK_EVERY new nodes
+        self._check = _weak_clock(check)  # the clock, called every _CHECK_EVERY new nodes
         # id -> (node, dead, nullable), of nodes without facts of their own
         self._facts: dict[int, tuple[object, bool, bool]] = {}
         self._counted: dict[int, tuple[object, object, int, int | None]] = {}

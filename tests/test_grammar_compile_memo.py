@@ -2,6 +2,7 @@
 the lazily built "any name but the declared ones" table. Each is compared with its plain twin
 (no memo, facts computed from scratch, Python's own string comparison)."""
 
+import gc
 import json
 import random
 from pathlib import Path
@@ -288,3 +289,70 @@ def test_all_but_the_declared_names_matches_python_and_is_shared():
             assert accepts(auto, text) == (text not in words), (words, text)
     table = exclude_words(any_name, ["x", "y"]).table
     assert exclude_words(any_name, ["x", "y"]).table is table
+
+
+# ---- what compiles leave to Python's cyclic collector ------------------------------------
+
+
+CYCLE_SCHEMAS = [
+    # open additionalProperties with minProperties/maxProperties (the extra pairs' closures)
+    {"properties": {"a": {"type": "integer"}}, "minProperties": 1, "maxProperties": 3},
+    # prefixItems with bounds (the continuation after each element), uniqueItems over an enum
+    {"type": "array", "prefixItems": [{"type": "string"}, {"type": "null"}], "maxItems": 4},
+    {"type": "array", "items": {"enum": [1, 2, 3]}, "uniqueItems": True, "minItems": 1},
+    # an enum filtered through a temporary automaton, a pattern, a shared definition
+    {"allOf": [{"enum": ["ab", "cd", 3]}, {"type": "string", "pattern": "^a"}]},
+    {
+        "$defs": {"t": {"type": "string", "maxLength": 4}},
+        "properties": {"x": {"$ref": "#/$defs/t"}},
+    },
+]
+
+
+def test_compiling_and_walking_leave_no_reference_cycles():
+    # Cyclic garbage waits for a collection of the generation it reached; a compile's (closures
+    # that call themselves, an NFA holding its own bound method) reached full collections.
+    memo = SubschemaMemo()
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for schema in CYCLE_SCHEMAS:
+            auto = language(schema, memo)
+            accepts(auto, compact(jsonschema_example(schema)))
+            del auto
+        gc.collect()
+        garbage = [type(o).__name__ for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert garbage == []
+
+
+def jsonschema_example(schema) -> object:
+    """A value to walk (valid or not: the walk only has to read rows)."""
+    return {"a": 1, "x": "ab"} if schema.get("type") != "array" else ["s", None]
+
+
+def test_cached_tables_and_memo_entries_are_not_tracked_by_the_collector():
+    any_name = Repeat(Chars(((0, 0x10FFFF),)), 0, None)
+    node = exclude_words(any_name, ["alpha", "beta", "be"])
+    auto = RegexAutomaton(seq_of(node))
+    assert accepts(auto, "bet") and not accepts(auto, "be")
+    table = node.table
+    memo = SubschemaMemo()
+    schema = {"$defs": {"t": {"type": "integer"}}, "items": {"$ref": "#/$defs/t"}}
+    schema_to_ir(canonical_schema(schema), None, Deadline(None), 16, memo)
+    for _ in range(3):  # a collection stops tracking a tuple once its items are not tracked
+        gc.collect()
+    untracked = [table.accepting, table.shortest, table.longest, table.moves._kids]
+    assert not any(map(gc.is_tracked, untracked))
+    deps = [got[1] for got in memo._entries.values()]
+    assert any(ref == "#/$defs/t" for dep in deps for ref, _number in dep)
+    assert not any(map(gc.is_tracked, deps))
+    assert [table.moves[s] for s in range(len(table.moves))] == list(table.moves)
+    with pytest.raises(IndexError):
+        table.moves[len(table.moves)]
+
+
+def seq_of(node):
+    return Seq((node,))
