@@ -32,7 +32,6 @@
 #include <torch/library.h>
 
 #include <cstring>
-
 #include <string>
 #include <vector>
 
@@ -427,9 +426,10 @@ void decode_mlp_block(const at::Tensor& x, const at::Tensor& residual,
 // through the dispatcher per sublayer (a third of a batch-1 step's time before).
 class DecodeLayers : public torch::CustomClassHolder {
  public:
-  // The next layer (the first sets the hidden size and dtype, as its input norm's weight): its attention sublayer's arguments as decode_attention_block's, less x,
+  // The next layer: its attention sublayer's arguments as decode_attention_block's, less x,
   // the residual, rotary and the step's K/V; its MLP's as decode_mlp_block's; `kv_index`:
-  // its K/V buffers' index in the lists forward takes.
+  // its K/V buffers' index in the lists forward takes. The first layer's input norm weight
+  // sets the hidden size and dtype the others are checked against.
   void add_layer(at::Tensor attn_norm, double attn_eps, std::vector<at::Tensor> qkv,
                  std::vector<std::string> qkv_qtypes, std::optional<at::Tensor> qkv_bias,
                  std::optional<at::Tensor> q_norm, std::optional<at::Tensor> k_norm,
@@ -482,7 +482,8 @@ class DecodeLayers : public torch::CustomClassHolder {
       attention_sublayer(layer.attention, x, residual, cos_sin, rotary_dim, kv, attn);
       if (!residual) residual = x;
       mlp_sublayer(layer.mlp, layer.gate_up_rows, attn, *residual, next);
-      std::swap(x, next);  // the first layer's x is the residual stream: never written here
+      std::swap(x, next);
+      // after the first layer `next` is the input, now the residual stream: not a scratch
       if (next.is_same(*residual)) next = at::empty_like(x);
     }
     return {x, *residual};
