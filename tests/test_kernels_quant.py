@@ -192,6 +192,25 @@ def test_bad_arguments_raise_value_errors_naming_them(change, message):
         quant_linear(**{**args, **change})
 
 
+@pytest.mark.parametrize("rows", [1, 4, 45, 183, 777])
+def test_every_row_is_written_once_however_the_pool_splits_the_work(rows):
+    # the pool cuts a call's chunks into one part per thread and threads take what is left of
+    # the others' parts: chunk counts below, equal to and not divisible by the thread count
+    packed, w = weight("q8_0", rows, 576)
+    x = torch.randn(1, 576, generator=torch.Generator().manual_seed(rows))
+    expected = x @ w.T
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 3, 5, 8):
+            torch.set_num_threads(count)
+            for _ in range(20):
+                out = torch.full((1, rows), float("nan"))
+                quant_linear(x, packed, "q8_0", 576, out=out)
+                torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_threads_and_concurrent_callers_do_not_change_the_result():
     # the kernel's work pool: any number of helper threads, callers on several threads at
     # once (one runs on the pool, the others alone) and a pool idle long enough to sleep all
