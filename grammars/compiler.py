@@ -28,6 +28,7 @@ Build = Callable[[Deadline], ByteAutomaton]  # makes a source's automaton within
 
 # MiB of compiled grammars kept; a grammar past it on its own stays only while in use.
 DEFAULT_CACHE_MB = 256.0
+RECENT_PLANS = 32  # text sources whose plan (cache key, build) is kept
 
 
 class GrammarCompiler(SourceKinds[CompiledGrammar]):
@@ -67,6 +68,7 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
         self._sizes: dict[tuple[str, str], int] = {}
         self._total = 0
         self._calls = 0
+        self._plans: OrderedDict[tuple, tuple[str, Build]] = OrderedDict()  # by text source
         self._lock = threading.Lock()
 
     @property
@@ -129,12 +131,12 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
     def compile(self, kind: str, source, *options) -> CompiledGrammar:
         """`source` as `kind`: regex, choices, json_schema (+ whitespace_pattern), lark, ebnf."""
         with _input_errors(kind):
-            return self._cached(kind, *self._plan(kind, source, *options))
+            return self._cached(kind, *self._planned(kind, source, *options))
 
     def cache_key(self, kind: str, source, *options) -> tuple[str, str]:
         """The key `compile` caches `source` under; ValueError if the source is malformed."""
         with _input_errors(kind):
-            return kind, self._plan(kind, source, *options)[0]
+            return kind, self._planned(kind, source, *options)[0]
 
     def lookup(self, key: tuple[str, str]) -> CompiledGrammar | None:
         """The cached grammar under `key` (see `cache_key`), or None; never compiles."""
@@ -143,6 +145,24 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
             if got is not None:
                 self._cache.move_to_end(key)
             return got
+
+    def _planned(self, kind: str, source, *options) -> tuple[str, Build]:
+        """`_plan`, kept for the last few text sources: a caller asks `cache_key`, then
+        `compile` for the same source (the engine does), and a plan parses and canonicalizes."""
+        if not isinstance(source, str) or not all(isinstance(o, str | None) for o in options):
+            return self._plan(kind, source, *options)
+        key = (kind, source, *options)
+        with self._lock:
+            got = self._plans.get(key)
+            if got is not None:
+                self._plans.move_to_end(key)
+                return got
+        got = self._plan(kind, source, *options)
+        with self._lock:
+            self._plans[key] = got
+            if len(self._plans) > RECENT_PLANS:
+                self._plans.popitem(last=False)
+        return got
 
     def _plan(self, kind: str, source, *options) -> tuple[str, Build]:
         """(cache key, build function) for a source; ValueError if it is malformed."""

@@ -134,6 +134,14 @@ EMPTY = Seq(())
 
 def normalize(ranges) -> Ranges:
     """Sort and merge code point ranges."""
+    if type(ranges) is tuple:  # most often already sorted and merged: returned as it is
+        prev = -2
+        for r in ranges:
+            if type(r) is not tuple or r[0] <= prev + 1 or r[1] < r[0]:
+                break
+            prev = r[1]
+        else:
+            return ranges
     out: list[list[int]] = []
     for lo, hi in sorted(ranges):
         if out and lo <= out[-1][1] + 1:
@@ -333,6 +341,9 @@ def _strip_anchors(items: list) -> tuple[list, bool, bool]:
     return items, start, end
 
 
+# Schemas repeat patterns (formats, the same `pattern` in every item of a list) and IR is
+# immutable, so a pattern's IR is parsed once and shared.
+@functools.lru_cache(maxsize=1024)
 def _parse(pattern: str, flags: int, search: bool):
     try:
         tree = sre_parse.parse(pattern, flags)

@@ -356,3 +356,27 @@ def test_cached_tables_and_memo_entries_are_not_tracked_by_the_collector():
 
 def seq_of(node):
     return Seq((node,))
+
+
+def test_a_text_source_is_planned_once_for_its_cache_key_and_its_compile(monkeypatch):
+    # the engine asks for a request's cache key, then compiles it on its pool: the source is
+    # parsed and canonicalized once
+    from tiny_models import tiny_tokenizer
+
+    from radixflow.grammars import GrammarCompiler
+    from radixflow.grammars import compiler as compiler_module
+
+    compiler = GrammarCompiler(tiny_tokenizer())
+    text = json.dumps(ITEM)
+    key = compiler.cache_key("json_schema", text)
+    parsed = []
+    real = compiler_module.parse_schema_source
+    monkeypatch.setattr(
+        compiler_module, "parse_schema_source", lambda *a: parsed.append(a) or real(*a)
+    )
+    grammar = compiler.compile("json_schema", text)
+    assert parsed == [] and compiler.lookup(key) is grammar
+    # a source past the kept plans is planned again, with the same key
+    for i in range(compiler_module.RECENT_PLANS):
+        compiler.cache_key("regex", f"a{{{i}}}")
+    assert compiler.cache_key("json_schema", text) == key and len(parsed) == 1
