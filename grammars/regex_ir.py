@@ -379,6 +379,27 @@ def parse_search_regex(pattern: str, flags: int = 0):
     return _parse(pattern, flags, search=True)
 
 
+def word_prefix(node) -> str:
+    """Text that every word of `node` starts with: its leading one-code-point characters, read
+    through nested sequences ('' when it starts with anything else; never more than the words
+    share)."""
+    out: list[str] = []
+    todo = [node]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, Seq):
+            todo.extend(reversed(item.items))
+        elif (
+            isinstance(item, Chars)
+            and len(item.ranges) == 1
+            and item.ranges[0][0] == item.ranges[0][1]
+        ):
+            out.append(chr(item.ranges[0][0]))
+        else:
+            break
+    return "".join(out)
+
+
 def children(node) -> tuple:
     """The IR nodes directly inside `node` (none for Chars, Dfa and Ref)."""
     if isinstance(node, (Seq, Alt)):
