@@ -400,6 +400,9 @@ class SchemaConverter(ContainerConverter):
         for value in values:
             by_text.setdefault(compact_json(value), value)
         rest = {k: v for k, v in schema.items() if k not in ("enum", "const") and k in HANDLED}
+        types = _plain_types(rest)
+        if types is not None:
+            return [v for v in by_text.values() if type(v) in types]
         if rest:
             from .automaton import RegexAutomaton
 
@@ -434,6 +437,21 @@ def free_values(whitespace_pattern: str | None, depth: int):
         obj = seq(open_object, opt(seq(pairs, ws)), close_object)
         level = alt(scalar, array, obj)
     return level
+
+
+# JSON types whose values' text matches the type's IR exactly when the value has the type.
+_PLAIN_TYPES = {"string": str, "boolean": bool, "null": type(None)}
+
+
+def _plain_types(rest: dict) -> tuple[type, ...] | None:
+    """The Python types of the values `rest` allows when it holds nothing but a `type` of
+    string, boolean and null (most enums: no automaton is needed to filter them), else None."""
+    if set(rest) != {"type"}:
+        return None
+    names = rest["type"] if isinstance(rest["type"], list) else [rest["type"]]
+    if not names or not all(isinstance(n, str) and n in _PLAIN_TYPES for n in names):
+        return None
+    return tuple(_PLAIN_TYPES[n] for n in names)
 
 
 def _matches(automaton, data: bytes, deadline: Deadline) -> bool:

@@ -380,3 +380,25 @@ def test_a_text_source_is_planned_once_for_its_cache_key_and_its_compile(monkeyp
     for i in range(compiler_module.RECENT_PLANS):
         compiler.cache_key("regex", f"a{{{i}}}")
     assert compiler.cache_key("json_schema", text) == key and len(parsed) == 1
+
+
+@pytest.mark.parametrize(
+    "types", ["string", "boolean", "null", ["string", "null"], ["boolean", "string"]]
+)
+def test_enum_values_of_a_plain_type_equal_the_automatons_filter(monkeypatch, types):
+    # an enum beside `type` string/boolean/null keeps its values by their Python type; the
+    # values and their order are what filtering each value's text through the type's
+    # automaton keeps
+    import radixflow.grammars.json_schema as json_schema
+
+    enum = ["a", 1, None, True, 'b"c\n', {"x": 1}, [1], 2.5, False, "", "a", "é"]
+    schema = {"type": types, "enum": enum}
+
+    def values() -> list:
+        converter = SchemaConverter(schema, None, Deadline(None), 16)
+        return converter._enum_values(schema, "#")
+
+    fast = values()
+    monkeypatch.setattr(json_schema, "_plain_types", lambda rest: None)
+    assert fast == values()
+    assert fast  # every type above keeps some of the values
