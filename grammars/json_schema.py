@@ -67,7 +67,7 @@ import functools
 
 from .budget import GrammarLimits
 from .disjoint import check_disjoint
-from .json_schema_disjoint import DisjointProver, json_common
+from .json_schema_disjoint import DisjointProver, json_common, json_type
 from .json_schema_memo import MAX_MEMO_DEPS, MAX_MEMO_READS, SubschemaMemo
 from .json_schema_numbers import NUMBER, check_numbers, integer_ir, number_ir
 from .json_schema_objects import (
@@ -402,7 +402,7 @@ class SchemaConverter(ContainerConverter):
         rest = {k: v for k, v in schema.items() if k not in ("enum", "const") and k in HANDLED}
         types = _plain_types(rest)
         if types is not None:
-            return [v for v in by_text.values() if type(v) in types]
+            return [v for v in by_text.values() if json_type(v) in types]
         if rest:
             from .automaton import RegexAutomaton
 
@@ -440,18 +440,18 @@ def free_values(whitespace_pattern: str | None, depth: int):
 
 
 # JSON types whose values' text matches the type's IR exactly when the value has the type.
-_PLAIN_TYPES = {"string": str, "boolean": bool, "null": type(None)}
+_PLAIN_TYPES = frozenset({"string", "boolean", "null"})
 
 
-def _plain_types(rest: dict) -> tuple[type, ...] | None:
-    """The Python types of the values `rest` allows when it holds nothing but a `type` of
-    string, boolean and null (most enums: no automaton is needed to filter them), else None."""
+def _plain_types(rest: dict) -> frozenset[str] | None:
+    """The JSON types `rest` allows when it holds nothing but a `type` of string, boolean and
+    null (most enums: no automaton is needed to filter their values), else None."""
     if set(rest) != {"type"}:
         return None
     names = rest["type"] if isinstance(rest["type"], list) else [rest["type"]]
     if not names or not all(isinstance(n, str) and n in _PLAIN_TYPES for n in names):
         return None
-    return tuple(_PLAIN_TYPES[n] for n in names)
+    return frozenset(names)
 
 
 def _matches(automaton, data: bytes, deadline: Deadline) -> bool:
