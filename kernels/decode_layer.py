@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from radixflow.kernels.cpu_build import cpu_kernels_available
+from radixflow.kernels.quant_formats import BLOCKED_QTYPES
 
 __all__ = [
     "DTYPES",
@@ -42,7 +43,7 @@ __all__ = [
 
 MAX_ROWS = 8
 DTYPES = (torch.float32, torch.bfloat16)
-FAST_QTYPES = frozenset({"q4_0", "q4_1", "q8_0"})  # multiplied by the op's own matvec
+FAST_QTYPES = BLOCKED_QTYPES  # multiplied by the op's own matmul
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,12 @@ weights as ggml blocks, byte for byte as a GGUF file stores them, so a GGUF tens
     q6_k 256 weights / 210 B: 128 B low nibbles | 64 B 2-bit highs | 16 x int8 scales | d f16
                               16 sub-blocks of 16: w = d * sc * (q - 32)
 
+q4_0x16 and q4_1x16 are q4_0 and q4_1 interleaved by 16 rows (`interleave_rows`): the layout
+the CPU kernel's 4-bit matvec reads at memory speed (kernels/cpu/interleaved_blocks.h). Each
+group of 16 rows is contiguous, block after block: the 16 rows' 16 nibble bytes of one block as
+4 chunks of 4 bytes per row (chunk-major), then their 16 d, then (q4_1) their 16 m; rows past
+the last whole group stay in the plain layout. Same bytes per row as the plain format.
+
 `dequantize` matches `gguf.quants.dequantize` bit for bit (same float32 operations in the same
 order); `quantize` matches `gguf.quants.quantize` for q8_0, q4_0 and q4_1.
 
@@ -44,18 +50,23 @@ FORMATS: dict[str, QuantFormat] = {
         QuantFormat("q6_k", "Q6_K", 256, 210),
     )
 }
-QTYPES = tuple(FORMATS)
+# interleaved qtype -> its plain format (same blocks, rows interleaved by INTERLEAVE_ROWS)
+INTERLEAVED = {"q4_0x16": "q4_0", "q4_1x16": "q4_1"}
+INTERLEAVE_ROWS = 16
+QTYPES = (*FORMATS, *INTERLEAVED)
 # what `quantize` can produce from float weights
 QUANTIZE_QTYPES = ("q8_0", "q4_0", "q4_1")
-BLOCKED_QTYPES = frozenset({"q4_0", "q4_1", "q8_0"})  # run by the batch-invariant kernel
+# run by the batch-invariant kernels
+BLOCKED_QTYPES = frozenset({"q4_0", "q4_1", "q8_0", *INTERLEAVED})
 MAX_BLOCKED_ROWS = 128  # rows of x it takes (quant_linear.cpp kMaxBlockedRows): every decode
 # batch up to the default max_running_requests
 ACTIVATION_BLOCK = 32  # values of x sharing one int8 scale
 
 
 def quant_format(qtype: str) -> QuantFormat:
-    """The format named `qtype`; a ValueError naming the known ones otherwise."""
-    fmt = FORMATS.get(qtype)
+    """The format named `qtype` (an interleaved one's plain format); a ValueError naming the
+    known ones otherwise."""
+    fmt = FORMATS.get(INTERLEAVED.get(qtype, qtype))
     if fmt is None:
         raise ValueError(f"unknown quantized weight type {qtype!r}; known: {list(QTYPES)}")
     return fmt
@@ -148,9 +159,65 @@ def _dequantize_blocks(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
     raise ValueError(f"unknown quantized weight type {qtype!r}; known: {list(QTYPES)}")
 
 
+def _group_parts(qtype: str) -> tuple[int, int]:
+    """(bytes of scales, bytes of nibbles) in one block of a 4-bit qtype."""
+    return (4, 16) if quant_format(qtype).name == "q4_1" else (2, 16)
+
+
+def interleave_rows(packed: torch.Tensor, qtype: str) -> torch.Tensor:
+    """Packed q4_0 or q4_1 rows [N, row_bytes] -> the same weight as `qtype`x16 (see above)."""
+    if qtype not in ("q4_0", "q4_1"):
+        raise ValueError(f"only q4_0 and q4_1 rows interleave, got {qtype!r}")
+    n, nbytes = packed.shape
+    groups = n // INTERLEAVE_ROWS
+    scale_bytes, code_bytes = _group_parts(qtype)
+    nblocks = nbytes // (scale_bytes + code_bytes)
+    blocks = packed[: groups * INTERLEAVE_ROWS].reshape(
+        groups, INTERLEAVE_ROWS, nblocks, scale_bytes + code_bytes
+    )
+    # codes: [g, row, b, chunk, 4] -> [g, b, chunk, row, 4]; scales: [g, row, b, (d m), 2] ->
+    # [g, b, (d m), row, 2]
+    codes = blocks[..., scale_bytes:].reshape(groups, INTERLEAVE_ROWS, nblocks, 4, 4)
+    codes = codes.permute(0, 2, 3, 1, 4).reshape(groups, nblocks, INTERLEAVE_ROWS * code_bytes)
+    scales = blocks[..., :scale_bytes].reshape(
+        groups, INTERLEAVE_ROWS, nblocks, scale_bytes // 2, 2
+    )
+    scales = scales.permute(0, 2, 3, 1, 4).reshape(groups, nblocks, INTERLEAVE_ROWS * scale_bytes)
+    grouped = torch.cat((codes, scales), dim=-1).reshape(-1, nbytes)
+    return torch.cat((grouped, packed[groups * INTERLEAVE_ROWS :])).contiguous()
+
+
+def interleaved_qtype(qtype: str) -> str:
+    """The interleaved qtype of plain q4_0 / q4_1 ("q4_1" -> "q4_1x16")."""
+    return next(name for name, plain in INTERLEAVED.items() if plain == qtype)
+
+
+def deinterleave_rows(packed: torch.Tensor, qtype: str) -> torch.Tensor:
+    """The inverse of `interleave_rows`: `qtype` (q4_0x16 or q4_1x16) rows -> plain rows."""
+    plain = INTERLEAVED[qtype]
+    n, nbytes = packed.shape
+    groups = n // INTERLEAVE_ROWS
+    scale_bytes, code_bytes = _group_parts(plain)
+    nblocks = nbytes // (scale_bytes + code_bytes)
+    grouped = packed[: groups * INTERLEAVE_ROWS].reshape(
+        groups, nblocks, INTERLEAVE_ROWS * nbytes // nblocks
+    )
+    codes = grouped[..., : INTERLEAVE_ROWS * code_bytes]
+    codes = codes.reshape(groups, nblocks, 4, INTERLEAVE_ROWS, 4).permute(0, 3, 1, 2, 4)
+    codes = codes.reshape(groups, INTERLEAVE_ROWS, nblocks, code_bytes)
+    scales = grouped[..., INTERLEAVE_ROWS * code_bytes :]
+    scales = scales.reshape(groups, nblocks, scale_bytes // 2, INTERLEAVE_ROWS, 2)
+    scales = scales.permute(0, 3, 1, 2, 4)
+    scales = scales.reshape(groups, INTERLEAVE_ROWS, nblocks, scale_bytes)
+    rows = torch.cat((scales, codes), dim=-1).reshape(-1, nbytes)
+    return torch.cat((rows, packed[groups * INTERLEAVE_ROWS :])).contiguous()
+
+
 def dequantize(packed: torch.Tensor, qtype: str, k: int) -> torch.Tensor:
     """Packed uint8 [N, row_bytes] of `qtype` -> float32 [N, K]."""
     check_packed(packed, qtype, k)
+    if qtype in INTERLEAVED:
+        return dequantize(deinterleave_rows(packed, qtype), INTERLEAVED[qtype], k)
     fmt = quant_format(qtype)
     blocks = packed.reshape(-1, fmt.block_bytes)
     return _dequantize_blocks(blocks, qtype).reshape(packed.shape[0], k)

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from radixflow.kernels.quant_formats import INTERLEAVED, interleave_rows
+
 
 def random_paged_table(
     seq_lens: list[int],
@@ -39,9 +41,13 @@ def random_gguf_weight(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Valid random GGUF blocks for an [n, k] weight: (packed uint8 [n, row bytes], gguf's own
     dequantization float32 [n, k]). q8_0/q4_x quantize a random weight with gguf; q4_k/q6_k
-    blocks are random bytes whose fp16 scales are set to small finite values."""
+    blocks are random bytes whose fp16 scales are set to small finite values; q4_0x16/q4_1x16
+    are those q4_0/q4_1 blocks interleaved (quant_formats.interleave_rows)."""
     import gguf.quants
 
+    if qtype in INTERLEAVED:
+        packed, w = random_gguf_weight(INTERLEAVED[qtype], n, k, gen)
+        return interleave_rows(packed, INTERLEAVED[qtype]), w
     kind = gguf.GGMLQuantizationType[qtype.upper()]
     if kind in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K):
         block, size = gguf.GGML_QUANT_SIZES[kind]

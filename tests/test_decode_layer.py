@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(
 # differently inside (rotary, attention), a few bf16 ulps on top
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 DTYPES = list(TOLERANCE)
-KINDS = ["", "q4_0", "q4_1", "q8_0", "q4_k", "q6_k"]  # "": a float weight
+KINDS = ["", "q4_0", "q4_1", "q8_0", "q4_k", "q6_k", "q4_0x16", "q4_1x16"]  # "": a float weight
 
 
 def weight(kind: str, n: int, k: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
@@ -67,7 +67,8 @@ def test_linear_matches_the_reference(kind, dtype, int8):
 
 def test_a_projection_of_mixed_segments_concatenates_them():
     gen = torch.Generator().manual_seed(1)
-    proj = projection(["q4_k", "q4_1", "q6_k", "q8_0"], [32, 48, 16, 8], 256, torch.float32, gen)
+    kinds = ["q4_k", "q4_1", "q6_k", "q8_0", "q4_1x16"]
+    proj = projection(kinds, [32, 48, 16, 8, 40], 256, torch.float32, gen)
     x = torch.randn(2, 256, generator=gen)
     assert relative_error(decode_linear(x, proj), decode_linear_ref(x, proj)) < 2e-5
 

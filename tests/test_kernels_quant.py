@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from radixflow.kernels.cpu_build import current_choice
 from radixflow.kernels.decode_layer import Projection, decode_linear
-from radixflow.kernels.quant_formats import quantize_activations
+from radixflow.kernels.quant_formats import quant_format, quantize_activations
 from radixflow.kernels.quant_linear import (
     BLOCKED_QTYPES,
     MAX_BLOCKED_ROWS,
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(
 # output (2^-8 relative) on top.
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 DTYPES = list(TOLERANCE)
-BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q4_k": 256, "q6_k": 256}
+BLOCK = {qtype: quant_format(qtype).block_size for qtype in QTYPES}
 ROWS = [1, 3, MAX_ROWS, MAX_ROWS + 1, MAX_BLOCKED_ROWS, MAX_BLOCKED_ROWS + 1]
 
 
@@ -192,11 +192,13 @@ def test_bad_arguments_raise_value_errors_naming_them(change, message):
         quant_linear(**{**args, **change})
 
 
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_1x16"])
 @pytest.mark.parametrize("rows", [1, 4, 45, 183, 777])
-def test_every_row_is_written_once_however_the_pool_splits_the_work(rows):
+def test_every_row_is_written_once_however_the_pool_splits_the_work(rows, qtype):
     # the pool cuts a call's chunks into one part per thread and threads take what is left of
     # the others' parts: chunk counts below, equal to and not divisible by the thread count
-    packed, w = weight("q8_0", rows, 576)
+    # (q4_1x16: groups of 16 rows, and the rows past the last group in the plain layout)
+    packed, w = weight(qtype, rows, 576)
     x = torch.randn(1, 576, generator=torch.Generator().manual_seed(rows))
     expected = x @ w.T
     threads = torch.get_num_threads()
@@ -205,7 +207,7 @@ def test_every_row_is_written_once_however_the_pool_splits_the_work(rows):
             torch.set_num_threads(count)
             for _ in range(20):
                 out = torch.full((1, rows), float("nan"))
-                quant_linear(x, packed, "q8_0", 576, out=out)
+                quant_linear(x, packed, qtype, 576, out=out)
                 torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
     finally:
         torch.set_num_threads(threads)

@@ -18,6 +18,7 @@ import math
 
 import pytest
 import torch
+from tiny_models import stored_qtype
 
 import radixflow as rf
 from radixflow.runtime.layers.embedding import QuantEmbedding
@@ -91,7 +92,7 @@ def test_greedy_tokens_match_the_dequantized_model(reference, activations):
         assert isinstance(model.embed_tokens, QuantEmbedding)
         assert model.embed_tokens.qtype == "q8_0"
         assert all(
-            isinstance(m, QuantLinear) and m.segments[0][0] == "q4_1"
+            isinstance(m, QuantLinear) and m.segments[0][0] == stored_qtype(m, "q4_1")
             for layer in model.layers
             for m in (layer.self_attn.qkv_proj, layer.mlp.down_proj)
         )

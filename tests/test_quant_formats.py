@@ -11,9 +11,12 @@ from gguf.quants import quantize as gguf_quantize
 
 from radixflow.kernels.quant_formats import (
     FORMATS,
+    INTERLEAVED,
     QUANTIZE_QTYPES,
     PackedWeight,
+    deinterleave_rows,
     dequantize,
+    interleave_rows,
     qtype_of_ggml,
     quantize,
     row_bytes,
@@ -47,6 +50,36 @@ def test_dequantize_matches_gguf_bit_for_bit(qtype):
     got = dequantize(packed, qtype, k)
     assert got.dtype == torch.float32 and got.shape == (7, k)
     assert torch.equal(got, torch.from_numpy(np.ascontiguousarray(expected)))
+
+
+@pytest.mark.parametrize("interleaved", sorted(INTERLEAVED))
+def test_interleaved_rows_hold_the_same_weights(interleaved):
+    plain = INTERLEAVED[interleaved]
+    scale_bytes = 4 if plain == "q4_1" else 2
+    for n in (5, 16, 37):  # no whole group, one, two and five plain rows after them
+        packed = random_packed(plain, n, 96, seed=n)
+        mixed = interleave_rows(packed, plain)
+        assert mixed.shape == packed.shape and mixed.is_contiguous()
+        assert torch.equal(deinterleave_rows(mixed, interleaved), packed)
+        assert torch.equal(dequantize(mixed, interleaved, 96), dequantize(packed, plain, 96))
+        whole = n // 16 * 16
+        assert torch.equal(mixed[whole:], packed[whole:])  # the rest stay plain
+        if whole:
+            # the first block of the first group, as the kernels read it: chunk c holds row
+            # r's nibble bytes 4c..4c+3 at 64c + 4r, then the 16 rows' d (and m)
+            group = mixed[:16].reshape(-1)
+            for r in range(16):
+                for c in range(4):
+                    codes = packed[r, scale_bytes + 4 * c : scale_bytes + 4 * c + 4]
+                    assert torch.equal(group[64 * c + 4 * r : 64 * c + 4 * r + 4], codes)
+                assert torch.equal(group[256 + 2 * r : 258 + 2 * r], packed[r, :2])
+                if plain == "q4_1":
+                    assert torch.equal(group[288 + 2 * r : 290 + 2 * r], packed[r, 2:4])
+
+
+def test_only_q4_rows_interleave():
+    with pytest.raises(ValueError, match="only q4_0 and q4_1 rows interleave"):
+        interleave_rows(random_packed("q6_k", 16, 256), "q6_k")
 
 
 @pytest.mark.parametrize("qtype", QUANTIZE_QTYPES)

@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as Q
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from test_model_loader import random_model, write_gguf
-from tiny_models import make_tiny_model_dir
+from tiny_models import make_tiny_model_dir, stored_qtype
 
 import radixflow as rf
 from radixflow.kernels.quant_formats import QTYPES, dequantize, quantize, row_bytes
@@ -95,7 +95,8 @@ def test_quantized_at_load_equals_the_dequantized_model(tmp_path, quantization):
 
     layer = model.layers[0]
     assert isinstance(layer.self_attn.qkv_proj, QuantLinear)
-    assert [s[0] for s in layer.self_attn.qkv_proj.segments] == [qtype]
+    qkv = layer.self_attn.qkv_proj
+    assert [s[0] for s in qkv.segments] == [stored_qtype(qkv, qtype)]
     assert isinstance(model.embed_tokens, QuantEmbedding) and model.embed_tokens.qtype == "q8_0"
     assert isinstance(model.lm_head, QuantLinear)
     assert not any(isinstance(m, QuantLinear) for m in float_model.modules())
@@ -141,7 +142,11 @@ def test_gguf_blocks_are_used_as_stored(tmp_path, every_type_has_a_kernel):
     assert_same_outputs(packed_out, float_out)
 
     qkv = model.layers[0].self_attn.qkv_proj
-    assert [(q, n) for q, _, n in qkv.segments] == [("q4_0", 256), ("q8_0", 128), ("q4_1", 128)]
+    assert [(q, n) for q, _, n in qkv.segments] == [
+        (stored_qtype(qkv, "q4_0"), 256),
+        ("q8_0", 128),
+        (stored_qtype(qkv, "q4_1"), 128),
+    ]
     assert model.layers[0].mlp.down_proj.segments[0][0] == "q4_k"
     assert model.layers[1].self_attn.o_proj.segments[0][0] == "q6_k"
     assert isinstance(model.embed_tokens, QuantEmbedding) and not hasattr(model, "lm_head")

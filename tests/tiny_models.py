@@ -8,6 +8,9 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from radixflow.kernels.quant_formats import interleaved_qtype
+from radixflow.runtime.layers.linear import QuantLinear
+
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "Paris is the capital of France. Berlin is the capital of Germany.",
@@ -15,6 +18,12 @@ CORPUS = [
     '{"name": "radixflow", "fast": true, "count": 42}',
     "Once upon a time there was a small model that generated text token by token.",
 ]
+
+
+def stored_qtype(layer: QuantLinear, qtype: str) -> str:
+    """The qtype a loaded packed layer keeps `qtype` rows as: interleaved by 16 rows where its
+    impl reads them so (the CPU kernels: q4_0, q4_1), else `qtype`."""
+    return interleaved_qtype(qtype) if qtype in layer.impl.interleaved else qtype
 
 
 def tiny_tokenizer(vocab_size: int = 320) -> transformers.PreTrainedTokenizerFast:

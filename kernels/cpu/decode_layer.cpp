@@ -14,14 +14,15 @@
 //
 //     ""              float weight [rows, K] in x's dtype    -> small_linear
 //     q4_0 q4_1 q8_0  packed 32-weight blocks                -> quant_blocks.h's packed_matmul,
-//                                                               x in fp32 or, with
-//                                                               int8_activations, quantized to
-//                                                               int8 once per projection
+//     q4_0x16 q4_1x16 interleaved by 16 rows                 -> interleaved_matmul, x in fp32
+//                                                               or, with int8_activations,
+//                                                               quantized to int8 once per
+//                                                               projection
 //     other qtypes    packed (K-quants)                      -> quant_linear (fp32 products,
 //                                                               x on its int8 grid with
 //                                                               int8_activations)
 //
-// packed_matmul is the kernel quant_linear runs for these formats too, so a row's result is the
+// These are the kernels quant_linear runs for these formats too, so a row's result is the
 // same bits through either op and whatever the number of rows (quant_blocks.h).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -35,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "quant_blocks.h"
+#include "interleaved_blocks.h"
 
 namespace blocks = radixflow_cpu::blocks;
 
@@ -102,8 +103,12 @@ void decode_attention(const at::Tensor& q, const at::Tensor& k_buffer, const at:
 
 // -- a projection: segments of output rows -------------------------------------------------
 
-bool fast_qtype(const std::string& qtype) {
-  return qtype == "q4_0" || qtype == "q4_1" || qtype == "q8_0";
+// Bytes of one block of a fast qtype (those packed_matmul or interleaved_matmul run), else 0.
+int64_t fast_block_bytes(const std::string& qtype) {
+  if (qtype == "q8_0") return blocks::Q8::kBytes;
+  if (qtype == "q4_0" || qtype == "q4_0x16") return blocks::Q4<false>::kBytes;
+  if (qtype == "q4_1" || qtype == "q4_1x16") return blocks::Q4<true>::kBytes;
+  return 0;
 }
 
 // x for the fast segments, made once per projection: fp32 rows, or those rows quantized to
@@ -112,7 +117,7 @@ class FastX {
  public:
   FastX(const at::Tensor& x, bool int8_x) : x_(x), int8_x_(int8_x) {}
 
-  // y [M, rows] (row stride ldy) = x W^T (+ bias) for one segment of q4_0, q4_1 or q8_0 rows.
+  // y [M, rows] (row stride ldy) = x W^T (+ bias) for one segment of a fast qtype.
   template <typename Out>
   void multiply(const at::Tensor& packed, const std::string& qtype, const Out* bias, Out* y,
                 int64_t ldy) {
@@ -122,18 +127,19 @@ class FastX {
     }
     const blocks::Packed p{packed.data_ptr<uint8_t>(), packed.size(0), xf_.size(1),
                            packed.size(1)};
-    if (qtype == "q4_0") return run<blocks::Q4<false>>(p, bias, y, ldy);
-    if (qtype == "q4_1") return run<blocks::Q4<true>>(p, bias, y, ldy);
-    run<blocks::Q8>(p, bias, y, ldy);
+    if (qtype == "q4_0") return run<blocks::Plain<blocks::Q4<false>>>(p, bias, y, ldy);
+    if (qtype == "q4_1") return run<blocks::Plain<blocks::Q4<true>>>(p, bias, y, ldy);
+    if (qtype == "q4_0x16") return run<blocks::Interleaved<false>>(p, bias, y, ldy);
+    if (qtype == "q4_1x16") return run<blocks::Interleaved<true>>(p, bias, y, ldy);
+    run<blocks::Plain<blocks::Q8>>(p, bias, y, ldy);
   }
 
  private:
-  template <typename Fmt, typename Out>
+  template <typename Layout, typename Out>
   void run(const blocks::Packed& p, const Out* bias, Out* y, int64_t ldy) {
     const int64_t m = xf_.size(0);
-    if (xq_) return blocks::packed_matmul<Fmt>(p, xq_->view(), m, bias, y, ldy);
-    blocks::packed_matmul<Fmt>(p, blocks::FloatX{xf_.data_ptr<float>(), xf_.size(1)}, m, bias, y,
-                               ldy);
+    if (xq_) return Layout::matmul(p, xq_->view(), m, bias, y, ldy);
+    Layout::matmul(p, blocks::FloatX{xf_.data_ptr<float>(), xf_.size(1)}, m, bias, y, ldy);
   }
 
   const at::Tensor& x_;
@@ -158,7 +164,7 @@ void project(const at::Tensor& x, const std::vector<at::Tensor>& weights,
         bias ? std::optional<at::Tensor>(bias->narrow(0, first, rows)) : std::nullopt;
     if (qtypes[i].empty()) {
       small_linear(x, w, b, y);
-    } else if (fast_qtype(qtypes[i])) {
+    } else if (fast_block_bytes(qtypes[i]) > 0) {
       if (x.scalar_type() == at::kFloat)
         fast.multiply<float>(w, qtypes[i], b ? b->data_ptr<float>() : nullptr,
                              y.data_ptr<float>(), y.stride(0));
@@ -187,10 +193,7 @@ int64_t check_projection(const std::vector<at::Tensor>& weights,
                   ": a float segment must be [rows, ", k, "] in x's dtype");
     } else {
       TORCH_CHECK(w.scalar_type() == at::kByte, name, ": a packed segment must be uint8");
-      if (fast_qtype(qtypes[i])) {
-        const int64_t bytes = qtypes[i] == "q8_0" ? blocks::Q8::kBytes
-                              : qtypes[i] == "q4_1" ? blocks::Q4<true>::kBytes
-                                                    : blocks::Q4<false>::kBytes;
+      if (const int64_t bytes = fast_block_bytes(qtypes[i]); bytes > 0) {
         const int64_t blocks_per_row = k / blocks::kBlock;
         TORCH_CHECK(k % blocks::kBlock == 0 && w.size(1) == blocks_per_row * bytes, name, ": ",
                     qtypes[i], " rows of K=", k, " take ", blocks_per_row * bytes, " bytes, got ",

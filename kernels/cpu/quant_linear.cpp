@@ -29,7 +29,7 @@
 #include <cstdint>
 #include <string>
 
-#include "quant_blocks.h"
+#include "interleaved_blocks.h"
 
 namespace {
 
@@ -209,13 +209,19 @@ void dequantize_row(const uint8_t* row, int64_t k, float* dst) {
   }
 }
 
-using RowDecoder = void (*)(const uint8_t* row, int64_t k, float* dst);
+// Row `row` of packed weights to fp32.
+using RowDecoder = void (*)(const blocks::Packed& p, int64_t row, float* dst);
+
+template <void (*decode)(const uint8_t*, int64_t, float*)>
+void plain_row(const blocks::Packed& p, int64_t row, float* dst) {
+  decode(p.w + row * p.row_bytes, p.k, dst);
+}
 
 // out = xf [M, K] (fp32) W^T (+ bias), W's rows decoded to fp32 a tile at a time by `decode`.
 void sgemm(const at::Tensor& xf, const at::Tensor& packed, RowDecoder decode,
            const std::optional<at::Tensor>& bias, const at::Tensor& out) {
-  const int64_t n = packed.size(0), k = xf.size(1), row_bytes = packed.size(1);
-  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const int64_t n = packed.size(0), k = xf.size(1);
+  const blocks::Packed p{packed.data_ptr<uint8_t>(), n, k, packed.size(1)};
   const std::optional<at::Tensor> bias_f =
       bias ? std::optional<at::Tensor>(bias->to(at::kFloat)) : std::nullopt;
   // A tile of about 1 MiB of fp32 weights: it stays in L2 while the sgemm reads it.
@@ -226,7 +232,7 @@ void sgemm(const at::Tensor& xf, const at::Tensor& packed, RowDecoder decode,
     const at::Tensor wt = tile.narrow(0, 0, rows);
     float* dst = wt.data_ptr<float>();
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) decode(w + (n0 + r) * row_bytes, k, dst + r * k);
+      for (int64_t r = begin; r < end; ++r) decode(p, n0 + r, dst + r * k);
     });
     at::Tensor y = at::mm(xf, wt.t());
     if (bias_f) y.add_(bias_f->narrow(0, n0, rows));
@@ -237,16 +243,17 @@ void sgemm(const at::Tensor& xf, const at::Tensor& packed, RowDecoder decode,
 // -- the op ----------------------------------------------------------------------------------
 
 // q4_0, q4_1, q8_0 (blocks::Q4, blocks::Q8), x in fp32 or quantized to int8 per block.
-template <typename Fmt, typename X>
+// y = x W^T (+ bias) in out's dtype; Layout is blocks::Plain<Fmt> or blocks::Interleaved<...>.
+template <typename Layout, typename X>
 void multiply_blocks(const X& x, int64_t m, const blocks::Packed& p,
-                const std::optional<at::Tensor>& bias, const at::Tensor& out) {
+                     const std::optional<at::Tensor>& bias, const at::Tensor& out) {
   if (out.scalar_type() == at::kFloat) {
-    return blocks::packed_matmul<Fmt>(p, x, m, bias ? bias->data_ptr<float>() : nullptr,
-                                      out.data_ptr<float>(), out.stride(0));
+    return Layout::matmul(p, x, m, bias ? bias->data_ptr<float>() : nullptr,
+                          out.data_ptr<float>(), out.stride(0));
   }
   using BF = c10::BFloat16;
-  blocks::packed_matmul<Fmt>(p, x, m, bias ? bias->data_ptr<BF>() : nullptr, out.data_ptr<BF>(),
-                             out.stride(0));
+  Layout::matmul(p, x, m, bias ? bias->data_ptr<BF>() : nullptr, out.data_ptr<BF>(),
+                 out.stride(0));
 }
 
 // x in fp32, contiguous; with int8_x rounded to its int8 grid (for the fp32 paths, so that every
@@ -260,19 +267,18 @@ at::Tensor float_rows(const at::Tensor& x, bool int8_x) {
   return rounded;
 }
 
-template <typename Fmt>
+template <typename Layout>
 void run_blocks(const at::Tensor& x, const at::Tensor& packed,
                 const std::optional<at::Tensor>& bias, const at::Tensor& out, bool int8_x) {
   const int64_t m = x.size(0), k = x.size(1);
-  if (m > kMaxBlockedRows)
-    return sgemm(float_rows(x, int8_x), packed, &blocks::dequantize_row<Fmt>, bias, out);
+  if (m > kMaxBlockedRows) return sgemm(float_rows(x, int8_x), packed, &Layout::decode_row, bias, out);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const blocks::Packed p{packed.data_ptr<uint8_t>(), packed.size(0), k, packed.size(1)};
   if (int8_x) {
     const blocks::QuantizedRows xq(xf.data_ptr<float>(), m, k);
-    return multiply_blocks<Fmt>(xq.view(), m, p, bias, out);
+    return multiply_blocks<Layout>(xq.view(), m, p, bias, out);
   }
-  multiply_blocks<Fmt>(blocks::FloatX{xf.data_ptr<float>(), k}, m, p, bias, out);
+  multiply_blocks<Layout>(blocks::FloatX{xf.data_ptr<float>(), k}, m, p, bias, out);
 }
 
 // q4_k, q6_k.
@@ -280,7 +286,7 @@ template <typename Fmt>
 void run_kquant(const at::Tensor& x, const at::Tensor& packed,
                 const std::optional<at::Tensor>& bias, const at::Tensor& out, bool int8_x) {
   const at::Tensor xf = float_rows(x, int8_x);
-  if (x.size(0) > kMaxRows) return sgemm(xf, packed, &dequantize_row<Fmt>, bias, out);
+  if (x.size(0) > kMaxRows) return sgemm(xf, packed, &plain_row<&dequantize_row<Fmt>>, bias, out);
   const Problem p{xf.data_ptr<float>(), packed.data_ptr<uint8_t>(), x.size(0), packed.size(0),
                   x.size(1), packed.size(1)};
   if (x.scalar_type() == at::kFloat) {
@@ -320,18 +326,25 @@ void quant_linear(const at::Tensor& x, const at::Tensor& packed, const std::stri
                     bias->size(0) == packed.size(0) && bias->is_contiguous(),
                 "bias must be a contiguous [N] tensor of x's dtype");
   }
-#define RADIXFLOW_QTYPE(name, Fmt, block, run)                 \
+#define RADIXFLOW_QTYPE(name, Layout, Fmt, block, run)         \
   if (qtype == name) {                                          \
     check_layout(packed, k, qtype, block, Fmt::kBytes);         \
-    return run<Fmt>(x, packed, bias, out, int8_activations);    \
+    return run<Layout>(x, packed, bias, out, int8_activations); \
   }
-  RADIXFLOW_QTYPE("q8_0", blocks::Q8, blocks::kBlock, run_blocks)
-  RADIXFLOW_QTYPE("q4_0", blocks::Q4<false>, blocks::kBlock, run_blocks)
-  RADIXFLOW_QTYPE("q4_1", blocks::Q4<true>, blocks::kBlock, run_blocks)
-  RADIXFLOW_QTYPE("q4_k", Q4_K, Q4_K::QK, run_kquant)
-  RADIXFLOW_QTYPE("q6_k", Q6_K, Q6_K::QK, run_kquant)
+  RADIXFLOW_QTYPE("q8_0", blocks::Plain<blocks::Q8>, blocks::Q8, blocks::kBlock, run_blocks)
+  RADIXFLOW_QTYPE("q4_0", blocks::Plain<blocks::Q4<false>>, blocks::Q4<false>, blocks::kBlock,
+                  run_blocks)
+  RADIXFLOW_QTYPE("q4_1", blocks::Plain<blocks::Q4<true>>, blocks::Q4<true>, blocks::kBlock,
+                  run_blocks)
+  RADIXFLOW_QTYPE("q4_0x16", blocks::Interleaved<false>, blocks::Q4<false>, blocks::kBlock,
+                  run_blocks)
+  RADIXFLOW_QTYPE("q4_1x16", blocks::Interleaved<true>, blocks::Q4<true>, blocks::kBlock,
+                  run_blocks)
+  RADIXFLOW_QTYPE("q4_k", Q4_K, Q4_K, Q4_K::QK, run_kquant)
+  RADIXFLOW_QTYPE("q6_k", Q6_K, Q6_K, Q6_K::QK, run_kquant)
 #undef RADIXFLOW_QTYPE
-  TORCH_CHECK(false, "unknown qtype ", qtype, "; expected q8_0, q4_0, q4_1, q4_k or q6_k");
+  TORCH_CHECK(false, "unknown qtype ", qtype,
+              "; expected q8_0, q4_0, q4_1, q4_0x16, q4_1x16, q4_k or q6_k");
 }
 
 }  // namespace

@@ -37,6 +37,9 @@ class QuantEmbedding(QuantLinear):
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x)
 
+    def interleave_rows(self) -> None:
+        """Nothing: the lookup reads rows by index, so they stay in the file's layout."""
+
 
 def vocab_parallel_lookup(
     lookup: Callable[[torch.Tensor], torch.Tensor],

@@ -19,7 +19,15 @@ from torch import nn
 
 from radixflow.kernels import quant_linear
 from radixflow.kernels.cpu_linear import DTYPES, MAX_ROWS, small_linear
-from radixflow.kernels.quant_formats import QTYPES, PackedWeight, row_bytes
+from radixflow.kernels.quant_formats import (
+    INTERLEAVED,
+    QTYPES,
+    PackedWeight,
+    deinterleave_rows,
+    interleave_rows,
+    interleaved_qtype,
+    row_bytes,
+)
 from radixflow.kernels.reference import linear_ref, quant_linear_ref
 from radixflow.runtime.layers.target import OpsTarget
 
@@ -76,12 +84,15 @@ class QuantLinearImpl:
     `int8_activations`). `qtypes`: the types it runs without dequantizing the whole weight per
     call (the reference runs every type, but `quantization=auto` keeps GGUF weights packed only
     where this set has their type). `int8_activations`: its q4_0/q4_1/q8_0 products take x
-    rounded to int8 per block of 32 (kernels/quant_linear.py); the fused decode ops follow it."""
+    rounded to int8 per block of 32 (kernels/quant_linear.py); the fused decode ops follow it.
+    `interleaved`: plain qtypes it reads faster interleaved by 16 rows (quant_formats.py), which
+    layers store so once loaded."""
 
     name: str
     fn: QuantLinearFn
     qtypes: frozenset[str]
     int8_activations: bool = False
+    interleaved: frozenset[str] = frozenset()
 
 
 def _cpu_quant_linear(int8_activations: bool) -> QuantLinearFn:
@@ -123,7 +134,9 @@ def choose_quant_linear(target: OpsTarget) -> QuantLinearImpl:
     if target.cpu_kernels and quant_linear.quant_linear_available():
         int8 = target.int8_activations
         name = "cpu-int8-activations" if int8 else "cpu"
-        return QuantLinearImpl(name, _cpu_quant_linear(int8), frozenset(QTYPES), int8)
+        return QuantLinearImpl(
+            name, _cpu_quant_linear(int8), frozenset(QTYPES), int8, frozenset(INTERLEAVED.values())
+        )
     return QuantLinearImpl("torch-dequantize", quant_linear_ref, frozenset())
 
 
@@ -132,7 +145,8 @@ class QuantLinear(nn.Module):
 
     A fused projection (q|k|v, gate|up) may mix qtypes, as GGUF K-quant files do: its output
     rows are held in segments of one qtype each, one buffer `packed<i>` [rows, row_bytes] per
-    segment, and the segments' outputs are concatenated.
+    segment, and the segments' outputs are concatenated. Weights load in the file's layout;
+    `interleave_rows` then stores the segments the impl reads faster interleaved so.
     """
 
     def __init__(
@@ -167,6 +181,10 @@ class QuantLinear(nn.Module):
         whole = row_offset is None and rows != self.out_features
         for i, (qtype, first, count) in enumerate(self.segments):
             if first <= start < first + count:
+                if qtype in INTERLEAVED:  # loading again: back to the file's layout first
+                    qtype = INTERLEAVED[qtype]
+                    self.packed(i).copy_(deinterleave_rows(self.packed(i), self.segments[i][0]))
+                    self.segments[i] = (qtype, first, count)
                 if (
                     whole
                     or weight.qtype != qtype
@@ -180,6 +198,14 @@ class QuantLinear(nn.Module):
                 self.packed(i)[start - first : start - first + rows].copy_(weight.data)
                 return
         raise ValueError(f"row {start} is outside this layer's {self.out_features} rows")
+
+    def interleave_rows(self) -> None:
+        """Store each segment whose qtype the impl reads interleaved (`QuantLinearImpl.
+        interleaved`) in that layout; called once every weight is loaded."""
+        for i, (qtype, first, count) in enumerate(self.segments):
+            if qtype in self.impl.interleaved:
+                self.packed(i).copy_(interleave_rows(self.packed(i), qtype))
+                self.segments[i] = (interleaved_qtype(qtype), first, count)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         outs = []

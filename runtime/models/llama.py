@@ -311,7 +311,8 @@ class LlamaForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | PackedWeight]]) -> None:
         """Copy HF-named weights in, fusing q/k/v and gate/up; every parameter must be set.
-        Packed weights go into packed layers as they are, into float layers dequantized."""
+        Packed weights go into packed layers as they are (then interleaved where the kernels
+        read them faster so), into float layers dequantized."""
         params = self._weight_targets()
         loaded: set[str] = set()
         for name, value in weights:
@@ -344,6 +345,9 @@ class LlamaForCausalLM(nn.Module):
         missing = self._expected_names() - loaded
         if missing:
             raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:8]}")
+        for module in self.modules():
+            if isinstance(module, QuantLinear):
+                module.interleave_rows()
 
     def _weight_targets(self) -> dict[str, nn.Parameter | QuantLinear]:
         """Our weight names -> their float parameter or packed layer (`<layer>.weight`)."""
