@@ -11,11 +11,12 @@ weights as ggml blocks, byte for byte as a GGUF file stores them, so a GGUF tens
     q6_k 256 weights / 210 B: 128 B low nibbles | 64 B 2-bit highs | 16 x int8 scales | d f16
                               16 sub-blocks of 16: w = d * sc * (q - 32)
 
-q4_0x16 and q4_1x16 are q4_0 and q4_1 interleaved by 16 rows (`interleave_rows`): the layout
-the CPU kernel's 4-bit matvec reads at memory speed (kernels/cpu/interleaved_blocks.h). Each
-group of 16 rows is contiguous, block after block: the 16 rows' 16 nibble bytes of one block as
-4 chunks of 4 bytes per row (chunk-major), then their 16 d, then (q4_1) their 16 m; rows past
-the last whole group stay in the plain layout. Same bytes per row as the plain format.
+q8_0x16, q4_0x16 and q4_1x16 are q8_0, q4_0 and q4_1 interleaved by 16 rows
+(`interleave_rows`): the layout the CPU kernel's matvec reads at memory speed
+(kernels/cpu/interleaved_blocks.h). Each group of 16 rows is contiguous, block after block: the
+16 rows' code bytes of one block (q4: 16 nibble bytes, q8_0: 32 int8) as chunks of 4 bytes per
+row (chunk-major), then their 16 d, then (q4_1) their 16 m; rows past the last whole group stay
+in the plain layout. Same bytes per row as the plain format.
 
 `dequantize` matches `gguf.quants.dequantize` bit for bit (same float32 operations in the same
 order); `quantize` matches `gguf.quants.quantize` for q8_0, q4_0 and q4_1.
@@ -51,7 +52,7 @@ FORMATS: dict[str, QuantFormat] = {
     )
 }
 # interleaved qtype -> its plain format (same blocks, rows interleaved by INTERLEAVE_ROWS)
-INTERLEAVED = {"q4_0x16": "q4_0", "q4_1x16": "q4_1"}
+INTERLEAVED = {"q8_0x16": "q8_0", "q4_0x16": "q4_0", "q4_1x16": "q4_1"}
 INTERLEAVE_ROWS = 16
 QTYPES = (*FORMATS, *INTERLEAVED)
 # what `quantize` can produce from float weights
@@ -159,25 +160,26 @@ def _dequantize_blocks(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
     raise ValueError(f"unknown quantized weight type {qtype!r}; known: {list(QTYPES)}")
 
 
-def _group_parts(qtype: str) -> tuple[int, int]:
-    """(bytes of scales, bytes of nibbles) in one block of a 4-bit qtype."""
-    return (4, 16) if quant_format(qtype).name == "q4_1" else (2, 16)
+def _block_parts(qtype: str) -> tuple[int, int]:
+    """(bytes of scales, bytes of codes) in one block of q8_0, q4_0 or q4_1."""
+    return {"q8_0": (2, 32), "q4_0": (2, 16), "q4_1": (4, 16)}[quant_format(qtype).name]
 
 
 def interleave_rows(packed: torch.Tensor, qtype: str) -> torch.Tensor:
-    """Packed q4_0 or q4_1 rows [N, row_bytes] -> the same weight as `qtype`x16 (see above)."""
-    if qtype not in ("q4_0", "q4_1"):
-        raise ValueError(f"only q4_0 and q4_1 rows interleave, got {qtype!r}")
+    """Packed q8_0, q4_0 or q4_1 rows [N, row_bytes] -> the same weight as `qtype`x16 (see
+    above)."""
+    if qtype not in INTERLEAVED.values():
+        raise ValueError(f"only q8_0, q4_0 and q4_1 rows interleave, got {qtype!r}")
     n, nbytes = packed.shape
     groups = n // INTERLEAVE_ROWS
-    scale_bytes, code_bytes = _group_parts(qtype)
+    scale_bytes, code_bytes = _block_parts(qtype)
     nblocks = nbytes // (scale_bytes + code_bytes)
     blocks = packed[: groups * INTERLEAVE_ROWS].reshape(
         groups, INTERLEAVE_ROWS, nblocks, scale_bytes + code_bytes
     )
     # codes: [g, row, b, chunk, 4] -> [g, b, chunk, row, 4]; scales: [g, row, b, (d m), 2] ->
     # [g, b, (d m), row, 2]
-    codes = blocks[..., scale_bytes:].reshape(groups, INTERLEAVE_ROWS, nblocks, 4, 4)
+    codes = blocks[..., scale_bytes:].reshape(groups, INTERLEAVE_ROWS, nblocks, code_bytes // 4, 4)
     codes = codes.permute(0, 2, 3, 1, 4).reshape(groups, nblocks, INTERLEAVE_ROWS * code_bytes)
     scales = blocks[..., :scale_bytes].reshape(
         groups, INTERLEAVE_ROWS, nblocks, scale_bytes // 2, 2
@@ -188,22 +190,23 @@ def interleave_rows(packed: torch.Tensor, qtype: str) -> torch.Tensor:
 
 
 def interleaved_qtype(qtype: str) -> str:
-    """The interleaved qtype of plain q4_0 / q4_1 ("q4_1" -> "q4_1x16")."""
+    """The interleaved qtype of plain q8_0 / q4_0 / q4_1 ("q4_1" -> "q4_1x16")."""
     return next(name for name, plain in INTERLEAVED.items() if plain == qtype)
 
 
 def deinterleave_rows(packed: torch.Tensor, qtype: str) -> torch.Tensor:
-    """The inverse of `interleave_rows`: `qtype` (q4_0x16 or q4_1x16) rows -> plain rows."""
+    """The inverse of `interleave_rows`: `qtype` (q8_0x16, q4_0x16, q4_1x16) rows -> plain."""
     plain = INTERLEAVED[qtype]
     n, nbytes = packed.shape
     groups = n // INTERLEAVE_ROWS
-    scale_bytes, code_bytes = _group_parts(plain)
+    scale_bytes, code_bytes = _block_parts(plain)
     nblocks = nbytes // (scale_bytes + code_bytes)
     grouped = packed[: groups * INTERLEAVE_ROWS].reshape(
         groups, nblocks, INTERLEAVE_ROWS * nbytes // nblocks
     )
     codes = grouped[..., : INTERLEAVE_ROWS * code_bytes]
-    codes = codes.reshape(groups, nblocks, 4, INTERLEAVE_ROWS, 4).permute(0, 3, 1, 2, 4)
+    codes = codes.reshape(groups, nblocks, code_bytes // 4, INTERLEAVE_ROWS, 4)
+    codes = codes.permute(0, 3, 1, 2, 4)
     codes = codes.reshape(groups, INTERLEAVE_ROWS, nblocks, code_bytes)
     scales = grouped[..., INTERLEAVE_ROWS * code_bytes :]
     scales = scales.reshape(groups, nblocks, scale_bytes // 2, INTERLEAVE_ROWS, 2)
@@ -211,6 +214,22 @@ def deinterleave_rows(packed: torch.Tensor, qtype: str) -> torch.Tensor:
     scales = scales.reshape(groups, INTERLEAVE_ROWS, nblocks, scale_bytes)
     rows = torch.cat((scales, codes), dim=-1).reshape(-1, nbytes)
     return torch.cat((rows, packed[groups * INTERLEAVE_ROWS :])).contiguous()
+
+
+def select_rows(packed: torch.Tensor, qtype: str, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` (int64 [T]) of a packed weight, in its plain format's layout [T, row_bytes]
+    (an embedding lookup); for an interleaved qtype each id's group is deinterleaved."""
+    direct = packed.index_select(0, ids)  # the row itself, unless it is in a group
+    n, nbytes = packed.shape
+    whole = n // INTERLEAVE_ROWS * INTERLEAVE_ROWS
+    if qtype not in INTERLEAVED or whole == 0:
+        return direct
+    grouped = ids < whole
+    group_ids = torch.where(grouped, ids // INTERLEAVE_ROWS, 0)
+    groups = packed[:whole].view(-1, INTERLEAVE_ROWS * nbytes).index_select(0, group_ids)
+    plain = deinterleave_rows(groups.view(-1, nbytes), qtype).view(-1, INTERLEAVE_ROWS, nbytes)
+    rows = plain[torch.arange(len(ids), device=ids.device), ids % INTERLEAVE_ROWS]
+    return torch.where(grouped.unsqueeze(-1), rows, direct)
 
 
 def dequantize(packed: torch.Tensor, qtype: str, k: int) -> torch.Tensor:

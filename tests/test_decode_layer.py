@@ -35,7 +35,17 @@ pytestmark = pytest.mark.skipif(
 # differently inside (rotary, attention), a few bf16 ulps on top
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 DTYPES = list(TOLERANCE)
-KINDS = ["", "q4_0", "q4_1", "q8_0", "q4_k", "q6_k", "q4_0x16", "q4_1x16"]  # "": a float weight
+KINDS = [
+    "",
+    "q4_0",
+    "q4_1",
+    "q8_0",
+    "q4_k",
+    "q6_k",
+    "q4_0x16",
+    "q4_1x16",
+    "q8_0x16",
+]  # "": a float weight
 
 
 def weight(kind: str, n: int, k: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:

@@ -192,7 +192,7 @@ def test_bad_arguments_raise_value_errors_naming_them(change, message):
         quant_linear(**{**args, **change})
 
 
-@pytest.mark.parametrize("qtype", ["q8_0", "q4_1x16"])
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_1x16", "q8_0x16"])
 @pytest.mark.parametrize("rows", [1, 4, 45, 183, 777])
 def test_every_row_is_written_once_however_the_pool_splits_the_work(rows, qtype):
     # the pool cuts a call's chunks into one part per thread and threads take what is left of

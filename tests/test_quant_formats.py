@@ -20,6 +20,7 @@ from radixflow.kernels.quant_formats import (
     qtype_of_ggml,
     quantize,
     row_bytes,
+    select_rows,
 )
 from radixflow.kernels.reference import quant_linear_ref
 
@@ -55,7 +56,8 @@ def test_dequantize_matches_gguf_bit_for_bit(qtype):
 @pytest.mark.parametrize("interleaved", sorted(INTERLEAVED))
 def test_interleaved_rows_hold_the_same_weights(interleaved):
     plain = INTERLEAVED[interleaved]
-    scale_bytes = 4 if plain == "q4_1" else 2
+    scale_bytes, code_bytes = (4, 16) if plain == "q4_1" else (2, 32 if plain == "q8_0" else 16)
+    codes_end = 16 * code_bytes
     for n in (5, 16, 37):  # no whole group, one, two and five plain rows after them
         packed = random_packed(plain, n, 96, seed=n)
         mixed = interleave_rows(packed, plain)
@@ -66,19 +68,23 @@ def test_interleaved_rows_hold_the_same_weights(interleaved):
         assert torch.equal(mixed[whole:], packed[whole:])  # the rest stay plain
         if whole:
             # the first block of the first group, as the kernels read it: chunk c holds row
-            # r's nibble bytes 4c..4c+3 at 64c + 4r, then the 16 rows' d (and m)
+            # r's code bytes 4c..4c+3 at 64c + 4r, then the 16 rows' d (and m)
             group = mixed[:16].reshape(-1)
             for r in range(16):
-                for c in range(4):
+                for c in range(code_bytes // 4):
                     codes = packed[r, scale_bytes + 4 * c : scale_bytes + 4 * c + 4]
                     assert torch.equal(group[64 * c + 4 * r : 64 * c + 4 * r + 4], codes)
-                assert torch.equal(group[256 + 2 * r : 258 + 2 * r], packed[r, :2])
+                d = group[codes_end + 2 * r : codes_end + 2 * r + 2]
+                assert torch.equal(d, packed[r, :2])
                 if plain == "q4_1":
-                    assert torch.equal(group[288 + 2 * r : 290 + 2 * r], packed[r, 2:4])
+                    m = group[codes_end + 32 + 2 * r : codes_end + 34 + 2 * r]
+                    assert torch.equal(m, packed[r, 2:4])
+        ids = torch.tensor([n - 1, 0, n // 2, 3 % n, n - 1])
+        assert torch.equal(select_rows(mixed, interleaved, ids), packed[ids])
 
 
-def test_only_q4_rows_interleave():
-    with pytest.raises(ValueError, match="only q4_0 and q4_1 rows interleave"):
+def test_only_q8_0_and_q4_rows_interleave():
+    with pytest.raises(ValueError, match="only q8_0, q4_0 and q4_1 rows interleave"):
         interleave_rows(random_packed("q6_k", 16, 256), "q6_k")
 
 

@@ -144,7 +144,7 @@ def test_gguf_blocks_are_used_as_stored(tmp_path, every_type_has_a_kernel):
     qkv = model.layers[0].self_attn.qkv_proj
     assert [(q, n) for q, _, n in qkv.segments] == [
         (stored_qtype(qkv, "q4_0"), 256),
-        ("q8_0", 128),
+        (stored_qtype(qkv, "q8_0"), 128),
         (stored_qtype(qkv, "q4_1"), 128),
     ]
     assert model.layers[0].mlp.down_proj.segments[0][0] == "q4_k"

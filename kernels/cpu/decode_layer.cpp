@@ -14,7 +14,7 @@
 //
 //     ""              float weight [rows, K] in x's dtype    -> small_linear
 //     q4_0 q4_1 q8_0  packed 32-weight blocks                -> quant_blocks.h's packed_matmul,
-//     q4_0x16 q4_1x16 interleaved by 16 rows                 -> interleaved_matmul, x in fp32
+//     q?_?x16         interleaved by 16 rows                 -> interleaved_matmul, x in fp32
 //                                                               or, with int8_activations,
 //                                                               quantized to int8 once per
 //                                                               projection
@@ -105,7 +105,7 @@ void decode_attention(const at::Tensor& q, const at::Tensor& k_buffer, const at:
 
 // Bytes of one block of a fast qtype (those packed_matmul or interleaved_matmul run), else 0.
 int64_t fast_block_bytes(const std::string& qtype) {
-  if (qtype == "q8_0") return blocks::Q8::kBytes;
+  if (qtype == "q8_0" || qtype == "q8_0x16") return blocks::Q8::kBytes;
   if (qtype == "q4_0" || qtype == "q4_0x16") return blocks::Q4<false>::kBytes;
   if (qtype == "q4_1" || qtype == "q4_1x16") return blocks::Q4<true>::kBytes;
   return 0;
@@ -129,8 +129,9 @@ class FastX {
                            packed.size(1)};
     if (qtype == "q4_0") return run<blocks::Plain<blocks::Q4<false>>>(p, bias, y, ldy);
     if (qtype == "q4_1") return run<blocks::Plain<blocks::Q4<true>>>(p, bias, y, ldy);
-    if (qtype == "q4_0x16") return run<blocks::Interleaved<false>>(p, bias, y, ldy);
-    if (qtype == "q4_1x16") return run<blocks::Interleaved<true>>(p, bias, y, ldy);
+    if (qtype == "q8_0x16") return run<blocks::Interleaved<blocks::Q8Rows>>(p, bias, y, ldy);
+    if (qtype == "q4_0x16") return run<blocks::Interleaved<blocks::Q4Rows<false>>>(p, bias, y, ldy);
+    if (qtype == "q4_1x16") return run<blocks::Interleaved<blocks::Q4Rows<true>>>(p, bias, y, ldy);
     run<blocks::Plain<blocks::Q8>>(p, bias, y, ldy);
   }
 

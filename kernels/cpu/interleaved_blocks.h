@@ -1,17 +1,19 @@
-// q4_0 and q4_1 weights interleaved by 16 rows (qtypes q4_0x16 and q4_1x16), and their product
-// with rows of x: the layout a 4-bit matvec reads at memory speed. In the plain layout
-// (quant_blocks.h) each 32-weight block of one row is a short dot product reduced across
-// lanes; here one vector lane is one row, so a block of 16 rows is eight 4-byte dot products
-// per lane and one scale per lane, and nothing is reduced across lanes.
+// q4_0, q4_1 and q8_0 weights interleaved by 16 rows (qtypes q4_0x16, q4_1x16, q8_0x16), and
+// their product with rows of x: the layout a quantized matvec reads at memory speed. In the
+// plain layout (quant_blocks.h) each 32-weight block of one row is a short dot product reduced
+// across lanes; here one vector lane is one row, so a block of 16 rows is eight 4-byte dot
+// products per lane and one scale per lane, and nothing is reduced across lanes.
 //
 // packed [N, row_bytes] holds as many bytes as the plain layout. The first N - N % 16 rows form
 // groups of 16 rows, each group's 16 row_bytes contiguous, block after block; block b of a
 // group is
 //
-//     4 x 64 bytes   codes: chunk c holds, row by row, bytes 4c..4c+3 of the row's 16 nibble
-//                    bytes (weights 4c..4c+3 in the low nibbles, 16+4c..19+4c in the high)
-//     32 bytes       the 16 rows' d (fp16)
-//     32 bytes       the 16 rows' m (fp16; q4_1 only, q4_0's is -8 d)
+//     64-byte chunks   codes: chunk c holds, row by row, bytes 4c..4c+3 of the row's code
+//                      bytes (q4: 4 chunks of the 16 nibble bytes, weights 4c..4c+3 in the
+//                      low nibbles and 16+4c..19+4c in the high; q8_0: 8 chunks of the 32
+//                      int8 codes)
+//     32 bytes         the 16 rows' d (fp16)
+//     32 bytes         the 16 rows' m (fp16; q4_1 only, q4_0's is -8 d)
 //
 // and the last N % 16 rows follow in the plain layout (run by quant_blocks.h's kernel).
 // kernels/quant_formats.py `interleave_rows` makes this layout from the plain one.
@@ -21,6 +23,7 @@
 //
 //     Int8X   acc = fma(float(sum q_w q_x), d_w d_x, acc); acc = fma(m_w, s_x, acc)
 //     FloatX  acc = fma(sum q_w x, d_w, acc); acc = fma(m_w, sum x, acc)
+//     (q8_0 has no m and no second fma)
 //             (sum q_w x in fp32, in one fixed order; sum x per block of x, computed once)
 //
 // i.e. the dequantized weight w = d q + m, factored. Nothing in that order depends on M or on
@@ -48,66 +51,87 @@ struct SummedX {
   SummedX from(int64_t row) const { return {x + row * k, s + row * (k / kBlock), k}; }
 };
 
-template <bool kHasMin>
-inline rows16::Floats group_offsets(const uint8_t* block, rows16::Floats d) {
-  return kHasMin ? rows16::halves(block + 288) : rows16::mul(d, rows16::splat(-8.0f));
-}
+// The interleaved formats: the plain block format and where a group block's parts lie.
+template <bool kHasMin_>
+struct Q4Rows {
+  using Plain = Q4<kHasMin_>;
+  static constexpr bool kNibbles = true, kHasOffset = true, kHasMin = kHasMin_;
+  static constexpr int kCodeBytes = 256;  // then the d, then (q4_1) the m
+  static rows16::Floats offsets(const uint8_t* block, rows16::Floats d) {
+    return kHasMin_ ? rows16::halves(block + kCodeBytes + 32) : rows16::mul(d, rows16::splat(-8.0f));
+  }
+};
+
+struct Q8Rows {
+  using Plain = Q8;
+  static constexpr bool kNibbles = false, kHasOffset = false;
+  static constexpr int kCodeBytes = 512;
+};
 
 // One group of 16 rows against M rows of x: sums[m * 16 + r].
-template <bool kHasMin, int M>
+template <typename Fmt, int M>
 void group_rows(const uint8_t* group, int64_t blocks, const Int8X& x, float* sums) {
   using namespace rows16;
-  constexpr int kBytes = kGroupRows * Q4<kHasMin>::kBytes;
+  constexpr int kBytes = kGroupRows * Fmt::Plain::kBytes;
   Floats acc[M];
   for (int m = 0; m < M; ++m) acc[m] = zero_floats();
   const uint8_t* block = group;
   for (int64_t b = 0; b < blocks; ++b, block += kBytes) {
     Ints dots[M];
     for (int m = 0; m < M; ++m) dots[m] = zero_ints();
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < Fmt::kCodeBytes / 64; ++c) {
       const Codes codes = load_codes(block + 64 * c);
-      const Codes lo = low(codes), hi = high(codes);
       for (int m = 0; m < M; ++m) {
         const int8_t* xq = x.q + m * x.k + b * kBlock + 4 * c;
-        dots[m] = dot4(dot4(dots[m], lo, load_x4(xq)), hi, load_x4(xq + 16));
+        if constexpr (Fmt::kNibbles) {
+          dots[m] = dot4(dot4(dots[m], low(codes), load_x4(xq)), high(codes), load_x4(xq + 16));
+        } else {
+          dots[m] = dot4_signed(dots[m], codes, load_x4(xq));
+        }
       }
     }
-    const Floats d = halves(block + 256);
-    const Floats offset = group_offsets<kHasMin>(block, d);
-    for (int m = 0; m < M; ++m) {
+    const Floats d = halves(block + Fmt::kCodeBytes);
+    for (int m = 0; m < M; ++m)
       acc[m] = fma(to_floats(dots[m]), mul(d, splat(x.d[m * blocks + b])), acc[m]);
-      acc[m] = fma(offset, splat(x.s[m * blocks + b]), acc[m]);
+    if constexpr (Fmt::kHasOffset) {
+      const Floats offset = Fmt::offsets(block, d);
+      for (int m = 0; m < M; ++m) acc[m] = fma(offset, splat(x.s[m * blocks + b]), acc[m]);
     }
   }
   for (int m = 0; m < M; ++m) store(sums + m * kGroupRows, acc[m]);
 }
 
-template <bool kHasMin, int M>
+template <typename Fmt, int M>
 void group_rows(const uint8_t* group, int64_t blocks, const SummedX& x, float* sums) {
   using namespace rows16;
-  constexpr int kBytes = kGroupRows * Q4<kHasMin>::kBytes;
+  constexpr int kBytes = kGroupRows * Fmt::Plain::kBytes;
   Floats acc[M];
   for (int m = 0; m < M; ++m) acc[m] = zero_floats();
   const uint8_t* block = group;
   for (int64_t b = 0; b < blocks; ++b, block += kBytes) {
     Floats dots[M];
     for (int m = 0; m < M; ++m) dots[m] = zero_floats();
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < Fmt::kCodeBytes / 64; ++c) {
       const Codes codes = load_codes(block + 64 * c);
-      const Codes lo = low(codes), hi = high(codes);
       for (int i = 0; i < 4; ++i) {
-        const Floats wlo = code_floats(lo, i), whi = code_floats(hi, i);
-        for (int m = 0; m < M; ++m) {
-          const float* xb = x.x + m * x.k + b * kBlock + 4 * c + i;
-          dots[m] = fma(whi, splat(xb[16]), fma(wlo, splat(xb[0]), dots[m]));
+        if constexpr (Fmt::kNibbles) {
+          const Floats wlo = code_floats(low(codes), i), whi = code_floats(high(codes), i);
+          for (int m = 0; m < M; ++m) {
+            const float* xb = x.x + m * x.k + b * kBlock + 4 * c + i;
+            dots[m] = fma(whi, splat(xb[16]), fma(wlo, splat(xb[0]), dots[m]));
+          }
+        } else {
+          const Floats w = signed_floats(codes, i);
+          for (int m = 0; m < M; ++m)
+            dots[m] = fma(w, splat(x.x[m * x.k + b * kBlock + 4 * c + i]), dots[m]);
         }
       }
     }
-    const Floats d = halves(block + 256);
-    const Floats offset = group_offsets<kHasMin>(block, d);
-    for (int m = 0; m < M; ++m) {
-      acc[m] = fma(dots[m], d, acc[m]);
-      acc[m] = fma(offset, splat(x.s[m * blocks + b]), acc[m]);
+    const Floats d = halves(block + Fmt::kCodeBytes);
+    for (int m = 0; m < M; ++m) acc[m] = fma(dots[m], d, acc[m]);
+    if constexpr (Fmt::kHasOffset) {
+      const Floats offset = Fmt::offsets(block, d);
+      for (int m = 0; m < M; ++m) acc[m] = fma(offset, splat(x.s[m * blocks + b]), acc[m]);
     }
   }
   for (int m = 0; m < M; ++m) store(sums + m * kGroupRows, acc[m]);
@@ -116,30 +140,30 @@ void group_rows(const uint8_t* group, int64_t blocks, const SummedX& x, float* s
 template <typename X>
 using GroupFn = void (*)(const uint8_t*, int64_t, const X&, float*);
 
-template <bool kHasMin, typename X>
+template <typename Fmt, typename X>
 GroupFn<X> group_fn(int64_t m) {
   switch (m) {
-    case 1: return &group_rows<kHasMin, 1>;
-    case 2: return &group_rows<kHasMin, 2>;
-    case 3: return &group_rows<kHasMin, 3>;
-    case 4: return &group_rows<kHasMin, 4>;
-    case 5: return &group_rows<kHasMin, 5>;
-    case 6: return &group_rows<kHasMin, 6>;
-    case 7: return &group_rows<kHasMin, 7>;
-    default: return &group_rows<kHasMin, kTileRows>;
+    case 1: return &group_rows<Fmt, 1>;
+    case 2: return &group_rows<Fmt, 2>;
+    case 3: return &group_rows<Fmt, 3>;
+    case 4: return &group_rows<Fmt, 4>;
+    case 5: return &group_rows<Fmt, 5>;
+    case 6: return &group_rows<Fmt, 6>;
+    case 7: return &group_rows<Fmt, 7>;
+    default: return &group_rows<Fmt, kTileRows>;
   }
 }
 
 // y [M, N] (row stride ldy) = x [M, K] W^T (+ bias), W interleaved (above), x a FloatX or an
 // Int8X: threaded over groups, each group running every tile of x while its blocks are in L1.
-template <bool kHasMin, typename X, typename Out>
+template <typename Fmt, typename X, typename Out>
 void interleaved_matmul(const Packed& p, const X& x, int64_t m, const Out* bias, Out* y,
                         int64_t ldy) {
   const int64_t blocks = p.k / kBlock, groups = p.n / kGroupRows;
   const int64_t plain = groups * kGroupRows;
   if (plain < p.n) {
     const Packed rest{p.w + plain * p.row_bytes, p.n - plain, p.k, p.row_bytes};
-    packed_matmul<Q4<kHasMin>>(rest, x, m, bias ? bias + plain : nullptr, y + plain, ldy);
+    packed_matmul<typename Fmt::Plain>(rest, x, m, bias ? bias + plain : nullptr, y + plain, ldy);
   }
   if (groups == 0) return;
   std::vector<float> block_sums;
@@ -158,8 +182,8 @@ void interleaved_matmul(const Packed& p, const X& x, int64_t m, const Out* bias,
   }();
   using Lanes = decltype(lanes);
   const int64_t full = m / kTileRows, rest = m % kTileRows, tiles = full + (rest > 0);
-  const GroupFn<Lanes> whole = group_fn<kHasMin, Lanes>(kTileRows);
-  const GroupFn<Lanes> part = group_fn<kHasMin, Lanes>(rest);
+  const GroupFn<Lanes> whole = group_fn<Fmt, Lanes>(kTileRows);
+  const GroupFn<Lanes> part = group_fn<Fmt, Lanes>(rest);
   const int64_t group_bytes = kGroupRows * p.row_bytes;
   // about 16 KiB of weights per task for one tile, less for more, as packed_matmul
   const int64_t grain = std::max<int64_t>(1, 16384 / (group_bytes * tiles));
@@ -183,23 +207,27 @@ void interleaved_matmul(const Packed& p, const X& x, int64_t m, const Out* bias,
   });
 }
 
-// Row `row` of an interleaved weight decoded to fp32 (w = d q + m, as Q4::decode), for the
+// Row `row` of an interleaved weight decoded to fp32 (as the plain format's decode), for the
 // sgemm of long prefills.
-template <bool kHasMin>
+template <typename Fmt>
 void dequantize_interleaved_row(const Packed& p, int64_t row, float* dst) {
   const int64_t plain = p.n / kGroupRows * kGroupRows;
-  if (row >= plain) return dequantize_row<Q4<kHasMin>>(p.w + row * p.row_bytes, p.k, dst);
-  constexpr int kBytes = kGroupRows * Q4<kHasMin>::kBytes;
+  if (row >= plain) return dequantize_row<typename Fmt::Plain>(p.w + row * p.row_bytes, p.k, dst);
+  constexpr int kBytes = kGroupRows * Fmt::Plain::kBytes;
   const int r = static_cast<int>(row % kGroupRows);
   const uint8_t* block = p.w + row / kGroupRows * kGroupRows * p.row_bytes;
   for (int64_t k0 = 0; k0 < p.k; k0 += kBlock, block += kBytes, dst += kBlock) {
-    const float d = half_at(block + 256 + 2 * r);
-    const float m = kHasMin ? half_at(block + 288 + 2 * r) : -8.0f * d;
-    for (int c = 0; c < 4; ++c) {
+    const float d = half_at(block + Fmt::kCodeBytes + 2 * r);
+    for (int c = 0; c < Fmt::kCodeBytes / 64; ++c) {
       for (int i = 0; i < 4; ++i) {
         const uint8_t byte = block[64 * c + 4 * r + i];
-        dst[4 * c + i] = std::fma(static_cast<float>(byte & 0x0F), d, m);
-        dst[16 + 4 * c + i] = std::fma(static_cast<float>(byte >> 4), d, m);
+        if constexpr (Fmt::kNibbles) {
+          const float m = Fmt::kHasMin ? half_at(block + Fmt::kCodeBytes + 32 + 2 * r) : -8.0f * d;
+          dst[4 * c + i] = std::fma(static_cast<float>(byte & 0x0F), d, m);
+          dst[16 + 4 * c + i] = std::fma(static_cast<float>(byte >> 4), d, m);
+        } else {
+          dst[4 * c + i] = static_cast<float>(static_cast<int8_t>(byte)) * d;
+        }
       }
     }
   }
@@ -219,15 +247,15 @@ struct Plain {
   }
 };
 
-template <bool kHasMin>
+template <typename Fmt>
 struct Interleaved {
   template <typename X, typename Out>
   static void matmul(const Packed& p, const X& x, int64_t m, const Out* bias, Out* y,
                      int64_t ldy) {
-    interleaved_matmul<kHasMin>(p, x, m, bias, y, ldy);
+    interleaved_matmul<Fmt>(p, x, m, bias, y, ldy);
   }
   static void decode_row(const Packed& p, int64_t row, float* dst) {
-    dequantize_interleaved_row<kHasMin>(p, row, dst);
+    dequantize_interleaved_row<Fmt>(p, row, dst);
   }
 };
 

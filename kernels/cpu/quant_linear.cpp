@@ -336,15 +336,17 @@ void quant_linear(const at::Tensor& x, const at::Tensor& packed, const std::stri
                   run_blocks)
   RADIXFLOW_QTYPE("q4_1", blocks::Plain<blocks::Q4<true>>, blocks::Q4<true>, blocks::kBlock,
                   run_blocks)
-  RADIXFLOW_QTYPE("q4_0x16", blocks::Interleaved<false>, blocks::Q4<false>, blocks::kBlock,
+  RADIXFLOW_QTYPE("q8_0x16", blocks::Interleaved<blocks::Q8Rows>, blocks::Q8, blocks::kBlock,
                   run_blocks)
-  RADIXFLOW_QTYPE("q4_1x16", blocks::Interleaved<true>, blocks::Q4<true>, blocks::kBlock,
-                  run_blocks)
+  RADIXFLOW_QTYPE("q4_0x16", blocks::Interleaved<blocks::Q4Rows<false>>, blocks::Q4<false>,
+                  blocks::kBlock, run_blocks)
+  RADIXFLOW_QTYPE("q4_1x16", blocks::Interleaved<blocks::Q4Rows<true>>, blocks::Q4<true>,
+                  blocks::kBlock, run_blocks)
   RADIXFLOW_QTYPE("q4_k", Q4_K, Q4_K, Q4_K::QK, run_kquant)
   RADIXFLOW_QTYPE("q6_k", Q6_K, Q6_K, Q6_K::QK, run_kquant)
 #undef RADIXFLOW_QTYPE
   TORCH_CHECK(false, "unknown qtype ", qtype,
-              "; expected q8_0, q4_0, q4_1, q4_0x16, q4_1x16, q4_k or q6_k");
+              "; expected q8_0, q4_0, q4_1, q8_0x16, q4_0x16, q4_1x16, q4_k or q6_k");
 }
 
 }  // namespace

@@ -8,7 +8,11 @@
 //     low(c) high(c)        their low / high nibbles (0..15), in place of each byte
 //     dot4(acc, c, x4)      acc + in each lane the dot product of its 4 codes (0..15) with the
 //                           4 int8 values packed in x4 (exact in int32)
+//     dot4_signed(acc, c, x4)   the same for int8 codes (-128..127) and x4's values in
+//                           [-127, 127]: |c| times x with c's sign (no pair of products can
+//                           saturate a 16-bit sum: 128 * 127 * 2 < 2^15)
 //     code_floats(c, i)     byte i (0..3) of each lane (a code, 0..15) as fp32
+//     signed_floats(c, i)   the same for int8 codes
 //     halves(p)             16 fp16 values as fp32
 //     to_floats zero_ints zero_floats splat fma(a, b, c) = a b + c    store(p, v)
 //
@@ -49,17 +53,27 @@ inline Codes high(Codes c) {
   return {_mm512_and_si512(_mm512_srli_epi16(c.v, 4), _mm512_set1_epi8(0x0F))};
 }
 inline Ints zero_ints() { return {_mm512_setzero_si512()}; }
-inline Ints dot4(Ints acc, Codes c, int32_t x4) {
+// acc + the dot products of unsigned bytes u with signed bytes s, four per int32 lane.
+inline Ints dot_bytes(Ints acc, __m512i u, __m512i s) {
 #if defined(__AVX512VNNI__)
-  return {_mm512_dpbusd_epi32(acc.v, c.v, _mm512_set1_epi32(x4))};
+  return {_mm512_dpbusd_epi32(acc.v, u, s)};
 #else
-  const __m512i pairs = _mm512_maddubs_epi16(c.v, _mm512_set1_epi32(x4));
-  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))};
+  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)))};
 #endif
+}
+inline Ints dot4(Ints acc, Codes c, int32_t x4) { return dot_bytes(acc, c.v, _mm512_set1_epi32(x4)); }
+inline Ints dot4_signed(Ints acc, Codes c, int32_t x4) {
+  const __m512i x = _mm512_set1_epi32(x4);
+  const __m512i x_signed = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(c.v), _mm512_setzero_si512(), x);
+  return dot_bytes(acc, _mm512_abs_epi8(c.v), x_signed);
 }
 inline Floats code_floats(Codes c, int i) {
   const __m512i lanes = _mm512_srl_epi32(c.v, _mm_cvtsi32_si128(8 * i));
   return {_mm512_cvtepi32_ps(_mm512_and_si512(lanes, _mm512_set1_epi32(0xFF)))};
+}
+inline Floats signed_floats(Codes c, int i) {
+  const __m512i high = _mm512_sll_epi32(c.v, _mm_cvtsi32_si128(24 - 8 * i));
+  return {_mm512_cvtepi32_ps(_mm512_srai_epi32(high, 24))};
 }
 inline Floats halves(const uint8_t* p) {
   return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
@@ -97,22 +111,33 @@ inline Codes high(Codes c) {
            _mm256_and_si256(_mm256_srli_epi16(c.v[1], 4), mask)}};
 }
 inline Ints zero_ints() { return {{_mm256_setzero_si256(), _mm256_setzero_si256()}}; }
-inline __m256i dot4_half(__m256i acc, __m256i c, __m256i x) {
+// acc + the dot products of unsigned bytes u with signed bytes s, four per int32 lane.
+inline __m256i dot_bytes(__m256i acc, __m256i u, __m256i s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(acc, c, x);
+  return _mm256_dpbusd_epi32(acc, u, s);
 #else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(c, x), _mm256_set1_epi16(1)));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 #endif
 }
 inline Ints dot4(Ints acc, Codes c, int32_t x4) {
   const __m256i x = _mm256_set1_epi32(x4);
-  return {{dot4_half(acc.v[0], c.v[0], x), dot4_half(acc.v[1], c.v[1], x)}};
+  return {{dot_bytes(acc.v[0], c.v[0], x), dot_bytes(acc.v[1], c.v[1], x)}};
+}
+inline Ints dot4_signed(Ints acc, Codes c, int32_t x4) {
+  const __m256i x = _mm256_set1_epi32(x4);
+  return {{dot_bytes(acc.v[0], _mm256_abs_epi8(c.v[0]), _mm256_sign_epi8(x, c.v[0])),
+           dot_bytes(acc.v[1], _mm256_abs_epi8(c.v[1]), _mm256_sign_epi8(x, c.v[1]))}};
 }
 inline Floats code_floats(Codes c, int i) {
   const __m256i mask = _mm256_set1_epi32(0xFF);
   const __m128i shift = _mm_cvtsi32_si128(8 * i);
   return {{_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srl_epi32(c.v[0], shift), mask)),
            _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srl_epi32(c.v[1], shift), mask))}};
+}
+inline Floats signed_floats(Codes c, int i) {
+  const __m128i shift = _mm_cvtsi32_si128(24 - 8 * i);
+  return {{_mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_sll_epi32(c.v[0], shift), 24)),
+           _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_sll_epi32(c.v[1], shift), 24))}};
 }
 inline Floats halves(const uint8_t* p) {
   return {{_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
@@ -157,27 +182,38 @@ inline Codes high(Codes c) {
   return c;
 }
 inline Ints zero_ints() { return {{vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)}}; }
+// acc + the dot products of int8 lanes a and b, four per int32 lane.
+inline int32x4_t dot_bytes(int32x4_t acc, int8x16_t a, int8x16_t b) {
+#if defined(__ARM_FEATURE_DOTPROD)
+  return vdotq_s32(acc, a, b);
+#else
+  // per 8 bytes: products (|p| <= 128 * 128) widened in pairs into int32, then pairs of pairs
+  const int32x4_t low = vpaddlq_s16(vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+  const int32x4_t high = vpaddlq_s16(vmull_s8(vget_high_s8(a), vget_high_s8(b)));
+  return vaddq_s32(acc, vpaddq_s32(low, high));
+#endif
+}
 inline Ints dot4(Ints acc, Codes c, int32_t x4) {
   const int8x16_t x = vreinterpretq_s8_s32(vdupq_n_s32(x4));
-  for (int j = 0; j < 4; ++j) {
-    const int8x16_t codes = vreinterpretq_s8_u8(c.v[j]);  // 0..15 reads the same signed
-#if defined(__ARM_FEATURE_DOTPROD)
-    acc.v[j] = vdotq_s32(acc.v[j], codes, x);
-#else
-    // per 8 bytes: products (|p| <= 15 * 128) paired into int32, then pairs of pairs
-    const int32x4_t low = vpaddlq_s16(vmull_s8(vget_low_s8(codes), vget_low_s8(x)));
-    const int32x4_t high = vpaddlq_s16(vmull_s8(vget_high_s8(codes), vget_high_s8(x)));
-    acc.v[j] = vaddq_s32(acc.v[j], vpaddq_s32(low, high));
-#endif
-  }
+  for (int j = 0; j < 4; ++j) acc.v[j] = dot_bytes(acc.v[j], vreinterpretq_s8_u8(c.v[j]), x);
   return acc;
 }
+inline Ints dot4_signed(Ints acc, Codes c, int32_t x4) { return dot4(acc, c, x4); }
 inline Floats code_floats(Codes c, int i) {
   Floats f;
   const int32x4_t shift = vdupq_n_s32(-8 * i);
   for (int j = 0; j < 4; ++j) {
     const uint32x4_t lanes = vshlq_u32(vreinterpretq_u32_u8(c.v[j]), shift);
     f.v[j] = vcvtq_f32_u32(vandq_u32(lanes, vdupq_n_u32(0xFF)));
+  }
+  return f;
+}
+inline Floats signed_floats(Codes c, int i) {
+  Floats f;
+  const int32x4_t up = vdupq_n_s32(24 - 8 * i);
+  for (int j = 0; j < 4; ++j) {
+    const int32x4_t high = vshlq_s32(vreinterpretq_s32_u8(c.v[j]), up);
+    f.v[j] = vcvtq_f32_s32(vshrq_n_s32(high, 24));
   }
   return f;
 }

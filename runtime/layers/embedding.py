@@ -15,13 +15,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from radixflow.kernels.quant_formats import dequantize
+from radixflow.kernels.quant_formats import dequantize, select_rows
 from radixflow.runtime.distributed.group import TPGroup
 from radixflow.runtime.layers.linear import QuantLinear, QuantLinearImpl
 
 
 class QuantEmbedding(QuantLinear):
-    """`embedding(ids)` -> [T, dim] rows in `dtype`; `linear(x)` -> logits over the vocabulary."""
+    """`embedding(ids)` -> [T, dim] rows in `dtype`; `linear(x)` -> logits over the vocabulary.
+    `qtype` is the file's type; the rows may be stored interleaved (`QuantLinear`)."""
 
     def __init__(
         self, num_embeddings: int, dim: int, qtype: str, dtype: torch.dtype, impl: QuantLinearImpl
@@ -31,14 +32,11 @@ class QuantEmbedding(QuantLinear):
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.packed(0).index_select(0, ids.reshape(-1))
+        rows = select_rows(self.packed(0), self.segments[0][0], ids.reshape(-1))
         return dequantize(rows, self.qtype, self.in_features).to(self.dtype)
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x)
-
-    def interleave_rows(self) -> None:
-        """Nothing: the lookup reads rows by index, so they stay in the file's layout."""
 
 
 def vocab_parallel_lookup(

@@ -134,9 +134,8 @@ def choose_quant_linear(target: OpsTarget) -> QuantLinearImpl:
     if target.cpu_kernels and quant_linear.quant_linear_available():
         int8 = target.int8_activations
         name = "cpu-int8-activations" if int8 else "cpu"
-        return QuantLinearImpl(
-            name, _cpu_quant_linear(int8), frozenset(QTYPES), int8, frozenset(INTERLEAVED.values())
-        )
+        interleaved = frozenset(INTERLEAVED.values())
+        return QuantLinearImpl(name, _cpu_quant_linear(int8), frozenset(QTYPES), int8, interleaved)
     return QuantLinearImpl("torch-dequantize", quant_linear_ref, frozenset())
 
 
