@@ -28,6 +28,7 @@ up to `MAX_BLOCKED_ROWS` rows of x; with int8 activations x is rounded per block
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -216,20 +217,26 @@ def deinterleave_rows(packed: torch.Tensor, qtype: str) -> torch.Tensor:
     return torch.cat((rows, packed[groups * INTERLEAVE_ROWS :])).contiguous()
 
 
+@functools.cache
+def _lane_bytes(qtype: str, nbytes: int) -> torch.Tensor:
+    """[16, nbytes] int64: where each byte of each of a group's 16 plain rows lies in the
+    group's interleaved bytes (`deinterleave_rows` applied to the positions themselves)."""
+    positions = torch.arange(INTERLEAVE_ROWS * nbytes).view(INTERLEAVE_ROWS, nbytes)
+    return deinterleave_rows(positions, qtype)
+
+
 def select_rows(packed: torch.Tensor, qtype: str, ids: torch.Tensor) -> torch.Tensor:
     """Rows `ids` (int64 [T]) of a packed weight, in its plain format's layout [T, row_bytes]
-    (an embedding lookup); for an interleaved qtype each id's group is deinterleaved."""
-    direct = packed.index_select(0, ids)  # the row itself, unless it is in a group
+    (an embedding lookup); for an interleaved qtype one gather of each row's bytes."""
     n, nbytes = packed.shape
     whole = n // INTERLEAVE_ROWS * INTERLEAVE_ROWS
     if qtype not in INTERLEAVED or whole == 0:
-        return direct
-    grouped = ids < whole
-    group_ids = torch.where(grouped, ids // INTERLEAVE_ROWS, 0)
-    groups = packed[:whole].view(-1, INTERLEAVE_ROWS * nbytes).index_select(0, group_ids)
-    plain = deinterleave_rows(groups.view(-1, nbytes), qtype).view(-1, INTERLEAVE_ROWS, nbytes)
-    rows = plain[torch.arange(len(ids), device=ids.device), ids % INTERLEAVE_ROWS]
-    return torch.where(grouped.unsqueeze(-1), rows, direct)
+        return packed.index_select(0, ids)
+    lanes = _lane_bytes(qtype, nbytes).to(ids.device)
+    in_group = (ids // INTERLEAVE_ROWS * INTERLEAVE_ROWS * nbytes).unsqueeze(-1)
+    plain = ids.unsqueeze(-1) * nbytes + torch.arange(nbytes, device=ids.device)
+    where = torch.where((ids < whole).unsqueeze(-1), in_group + lanes[ids % INTERLEAVE_ROWS], plain)
+    return packed.view(-1)[where]
 
 
 def dequantize(packed: torch.Tensor, qtype: str, k: int) -> torch.Tensor:

@@ -14,13 +14,13 @@ from test_model_loader import random_model, write_gguf
 from tiny_models import make_tiny_model_dir, stored_qtype
 
 import radixflow as rf
-from radixflow.kernels.quant_formats import QTYPES, dequantize, quantize, row_bytes
+from radixflow.kernels.quant_formats import QTYPES, PackedWeight, dequantize, quantize, row_bytes
 from radixflow.kernels.reference import quant_linear_ref
 from radixflow.runtime import gguf_convert, model_loader
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.gguf_convert import PACKED_METADATA_KEY
 from radixflow.runtime.layers.embedding import QuantEmbedding
-from radixflow.runtime.layers.linear import QuantLinear, QuantLinearImpl
+from radixflow.runtime.layers.linear import QuantLinear, QuantLinearImpl, choose_quant_linear
 from radixflow.runtime.layers.target import OpsTarget
 from radixflow.runtime.model_loader import QUANTIZATIONS, load_checkpoint, transformers_dir
 from radixflow.runtime.speculative.layer_skip import write_layer_skip_draft
@@ -215,3 +215,23 @@ def test_layer_skip_draft_of_a_gguf_keeps_its_packed_weights(tmp_path, every_typ
     assert load_checkpoint(draft).quant_plan("auto", cpu) == layer0
     *_, model = generate(draft)
     assert isinstance(model.layers[0].mlp.gate_up_proj, QuantLinear)
+
+
+def test_a_layer_loaded_again_after_interleaving_runs_the_new_weight():
+    # the CPU kernels read q4_1 interleaved by 16 rows; loading a part again first puts the
+    # segment back in the file's layout, so the rows that were not loaded again keep theirs
+    impl = choose_quant_linear(OpsTarget(torch.device("cpu"), torch.float32))
+    if "q4_1" not in impl.interleaved:
+        pytest.skip(f"the {impl.name} quantized linear reads q4_1 in the file's layout")
+    gen = torch.Generator().manual_seed(5)
+    first, second, other = (torch.randn(32, 64, generator=gen) for _ in range(3))
+    layer = QuantLinear(64, [(32, "q4_1"), (32, "q4_1")], False, impl)
+    for rows, offset in ((first, 0), (other, 32)):
+        layer.load(PackedWeight(quantize(rows, "q4_1"), "q4_1", (32, 64)), offset)
+    layer.interleave_rows()
+    assert layer.segments == [("q4_1x16", 0, 64)]
+    layer.load(PackedWeight(quantize(second, "q4_1"), "q4_1", (32, 64)), 0)
+    layer.interleave_rows()
+    x = torch.randn(3, 64, generator=gen)
+    weight = torch.cat([dequantize(quantize(w, "q4_1"), "q4_1", 64) for w in (second, other)])
+    torch.testing.assert_close(layer(x), x @ weight.T, rtol=1e-5, atol=1e-5)
