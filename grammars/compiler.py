@@ -19,7 +19,7 @@ from .json_schema_resolve import parse_schema_source
 from .lark_import import lark_to_bnf
 from .matcher import CompiledGrammar
 from .nfa import Deadline
-from .regex_ir import Alt, literal, parse_regex
+from .regex_ir import Alt, literal, parse_regex, warm_unicode_classes
 from .source_kinds import SourceKinds
 from .tokenizer_index import get_tokenizer_index
 
@@ -58,6 +58,7 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
         import_paths: Sequence[str] = (),
     ):
         self.index = get_tokenizer_index(tokenizer, vocab_size, eos_token_ids)
+        warm_unicode_classes()
         self.compile_timeout = compile_timeout
         self.import_paths = tuple(import_paths)
         self.limits = limits or GrammarLimits()

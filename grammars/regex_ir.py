@@ -219,6 +219,13 @@ def _unicode_class(pattern: str) -> Ranges:
     return tuple((m.start(), m.end() - 1) for m in re.finditer(pattern + "+", _every_char()))
 
 
+def warm_unicode_classes() -> None:
+    """Find the Unicode \\d, \\w and \\s classes now (a scan of every code point, ~25 ms
+    each, once per process), so that no compile pays it: GrammarCompiler calls this."""
+    for kind in _ASCII_CLASSES:
+        _unicode_class("\\" + kind)
+
+
 def _every_char() -> str:
     """Every code point in order, surrogates included (decoded in one call: a Python loop
     over chr() takes ten times longer)."""

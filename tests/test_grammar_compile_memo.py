@@ -382,6 +382,23 @@ def test_a_text_source_is_planned_once_for_its_cache_key_and_its_compile(monkeyp
     assert compiler.cache_key("json_schema", text) == key and len(parsed) == 1
 
 
+def test_no_compile_scans_every_code_point_for_a_unicode_class(monkeypatch):
+    # \s (and \d, \w outside ECMA patterns) is a scan of all 1.1M code points (~25 ms):
+    # the compiler finds them when it is made, not in the first request's compile
+    from tiny_models import tiny_tokenizer
+
+    from radixflow.grammars import GrammarCompiler, regex_ir
+
+    regex_ir._unicode_class.cache_clear()
+    compiler = GrammarCompiler(tiny_tokenizer())
+    scans = []
+    monkeypatch.setattr(regex_ir, "_every_char", lambda: scans.append(1) or "")
+    schema = {"type": "string", "pattern": "^\\s*[a-z]+\\s\\S$"}
+    grammar = compiler.compile_json_schema(schema)
+    assert scans == []
+    assert accepts(grammar.automaton, '" \\t ab x"') and not accepts(grammar.automaton, '"ab"')
+
+
 @pytest.mark.parametrize(
     "types", ["string", "boolean", "null", ["string", "null"], ["boolean", "string"]]
 )
