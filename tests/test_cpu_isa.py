@@ -168,6 +168,33 @@ def test_kernel_tests_pass_on_every_lower_isa_this_cpu_runs(isa):
     assert " passed" in done.stdout and " skipped" not in done.stdout.splitlines()[-1]
 
 
+@pytest.mark.slow
+def test_kernel_tests_pass_without_the_optional_extensions_this_cpu_has():
+    """The best ISA built without the extensions it takes where a CPU has them (AVX512-VNNI and
+    -BF16, Arm's SDOT): the other code paths of the int8 dot products, which CPUs without
+    them (Skylake-X, older Arm cores) run, pass the kernel tests in a child process."""
+    choice = cpu_build.current_choice()
+    flags = cpu_build.cpu_flags()
+    present = {
+        feature for feature, _ in (choice.isa.extras if choice.isa else ()) if feature in flags
+    }
+    if not present:
+        pytest.skip("this CPU has none of its kernel ISA's optional extensions")
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "CPU_FLAGS": ",".join(sorted(flags - present))}
+    env.pop("RADIXFLOW_CPU_ISA", None)
+    done = subprocess.run(
+        [sys.executable, "tests/arm/drive.py", "-q", "-x", "-p", "no:cacheprovider", *KERNEL_TESTS],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert " passed" in done.stdout and " skipped" not in done.stdout.splitlines()[-1]
+
+
 def test_a_mac_reports_its_arm_features_through_sysctl(monkeypatch):
     answers = {"hw.optional.arm.FEAT_DotProd": "1\n", "hw.optional.arm.FEAT_BF16": "0\n"}
     monkeypatch.setattr(cpu_build.platform, "system", lambda: "Darwin")

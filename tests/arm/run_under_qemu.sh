@@ -48,7 +48,7 @@ for flags in asimd,asimddp asimd; do
   echo "== aarch64 under qemu, CPU features: $flags"
   # ninja and the cross compiler are host binaries; the kernels build into $ARM/cache
   PATH="$PWD/.venv/bin:$PATH" CXX=aarch64-linux-gnu-g++ CC=aarch64-linux-gnu-gcc \
-    RADIXFLOW_CACHE_DIR=$ARM/cache PYTHONPATH=$ARM/site ARM_FLAGS=$flags \
+    RADIXFLOW_CACHE_DIR=$ARM/cache PYTHONPATH=$ARM/site CPU_FLAGS=$flags \
     qemu-aarch64-static -L $ARM/root $ARM/root/usr/bin/python3.11 -P tests/arm/drive.py \
     -q -p no:cacheprovider $TESTS || status=1
 done
