@@ -142,23 +142,11 @@ KERNEL_TESTS = [
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("isa", cpu_build.runnable_isas()[1:] or [None])
-def test_kernel_tests_pass_on_every_lower_isa_this_cpu_runs(isa):
-    """The best ISA runs the kernel tests in this process; each lower one (the library built
-    with that ISA's flags only) runs them again in a child process."""
-    if isa is None:
-        pytest.skip("this CPU runs one kernel ISA only")
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "RADIXFLOW_CPU_ISA": isa}
-    check = "from radixflow.kernels import cpu_build; print(cpu_build.loaded().isa)"
-    loaded = subprocess.run(
-        [sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=900
-    )
-    assert loaded.stdout.strip() == isa, loaded.stderr[-2000:]
+def run_kernel_tests(command: list[str], env: dict[str, str]) -> None:
+    """`python <command> <pytest args> KERNEL_TESTS` in a child process: all pass, none skip."""
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *KERNEL_TESTS],
-        cwd=root,
+        [sys.executable, *command, "-q", "-x", "-p", "no:cacheprovider", *KERNEL_TESTS],
+        cwd=Path(__file__).resolve().parent.parent,
         env=env,
         capture_output=True,
         text=True,
@@ -166,6 +154,22 @@ def test_kernel_tests_pass_on_every_lower_isa_this_cpu_runs(isa):
     )
     assert done.returncode == 0, done.stdout[-3000:]
     assert " passed" in done.stdout and " skipped" not in done.stdout.splitlines()[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isa", cpu_build.runnable_isas()[1:] or [None])
+def test_kernel_tests_pass_on_every_lower_isa_this_cpu_runs(isa):
+    """The best ISA runs the kernel tests in this process; each lower one (the library built
+    with that ISA's flags only) runs them again in a child process."""
+    if isa is None:
+        pytest.skip("this CPU runs one kernel ISA only")
+    env = {**os.environ, "RADIXFLOW_CPU_ISA": isa}
+    check = "from radixflow.kernels import cpu_build; print(cpu_build.loaded().isa)"
+    loaded = subprocess.run(
+        [sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert loaded.stdout.strip() == isa, loaded.stderr[-2000:]
+    run_kernel_tests(["-m", "pytest"], env)
 
 
 @pytest.mark.slow
@@ -180,19 +184,9 @@ def test_kernel_tests_pass_without_the_optional_extensions_this_cpu_has():
     }
     if not present:
         pytest.skip("this CPU has none of its kernel ISA's optional extensions")
-    root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "CPU_FLAGS": ",".join(sorted(flags - present))}
     env.pop("RADIXFLOW_CPU_ISA", None)
-    done = subprocess.run(
-        [sys.executable, "tests/arm/drive.py", "-q", "-x", "-p", "no:cacheprovider", *KERNEL_TESTS],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stdout[-3000:]
-    assert " passed" in done.stdout and " skipped" not in done.stdout.splitlines()[-1]
+    run_kernel_tests(["tests/arm/drive.py"], env)
 
 
 def test_a_mac_reports_its_arm_features_through_sysctl(monkeypatch):

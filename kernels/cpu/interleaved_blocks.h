@@ -68,41 +68,60 @@ struct Q8Rows {
   static constexpr int kCodeBytes = 512;
 };
 
-// One group of 16 rows against M rows of x: sums[m * 16 + r].
+// One block of 16 rows against M rows of x: dots[m], lane r = row r's codes times row m of x
+// over the block, in units of x's block scale (units[m]: Int8X's d, 1 for fp32 x).
 template <typename Fmt, int M>
-void group_rows(const uint8_t* group, int64_t blocks, const Int8X& x, float* sums) {
+void block_dots(const uint8_t* block, int64_t b, int64_t blocks, const Int8X& x,
+                rows16::Floats* dots, float* units) {
   using namespace rows16;
-  constexpr int kBytes = kGroupRows * Fmt::Plain::kBytes;
-  Floats acc[M];
-  for (int m = 0; m < M; ++m) acc[m] = zero_floats();
-  const uint8_t* block = group;
-  for (int64_t b = 0; b < blocks; ++b, block += kBytes) {
-    Ints dots[M];
-    for (int m = 0; m < M; ++m) dots[m] = zero_ints();
-    for (int c = 0; c < Fmt::kCodeBytes / 64; ++c) {
-      const Codes codes = load_codes(block + 64 * c);
-      for (int m = 0; m < M; ++m) {
-        const int8_t* xq = x.q + m * x.k + b * kBlock + 4 * c;
-        if constexpr (Fmt::kNibbles) {
-          dots[m] = dot4(dot4(dots[m], low(codes), load_x4(xq)), high(codes), load_x4(xq + 16));
-        } else {
-          dots[m] = dot4_signed(dots[m], codes, load_x4(xq));
-        }
+  Ints sums[M];
+  for (int m = 0; m < M; ++m) sums[m] = zero_ints();
+  for (int c = 0; c < Fmt::kCodeBytes / 64; ++c) {
+    const Codes codes = load_codes(block + 64 * c);
+    for (int m = 0; m < M; ++m) {
+      const int8_t* xq = x.q + m * x.k + b * kBlock + 4 * c;
+      if constexpr (Fmt::kNibbles) {
+        sums[m] = dot4(dot4(sums[m], low(codes), load_x4(xq)), high(codes), load_x4(xq + 16));
+      } else {
+        sums[m] = dot4_signed(sums[m], codes, load_x4(xq));
       }
     }
-    const Floats d = halves(block + Fmt::kCodeBytes);
-    for (int m = 0; m < M; ++m)
-      acc[m] = fma(to_floats(dots[m]), mul(d, splat(x.d[m * blocks + b])), acc[m]);
-    if constexpr (Fmt::kHasOffset) {
-      const Floats offset = Fmt::offsets(block, d);
-      for (int m = 0; m < M; ++m) acc[m] = fma(offset, splat(x.s[m * blocks + b]), acc[m]);
-    }
   }
-  for (int m = 0; m < M; ++m) store(sums + m * kGroupRows, acc[m]);
+  for (int m = 0; m < M; ++m) {
+    dots[m] = to_floats(sums[m]);
+    units[m] = x.d[m * blocks + b];
+  }
 }
 
 template <typename Fmt, int M>
-void group_rows(const uint8_t* group, int64_t blocks, const SummedX& x, float* sums) {
+void block_dots(const uint8_t* block, int64_t b, int64_t, const SummedX& x,
+                rows16::Floats* dots, float* units) {
+  using namespace rows16;
+  for (int m = 0; m < M; ++m) {
+    dots[m] = zero_floats();
+    units[m] = 1.0f;
+  }
+  for (int c = 0; c < Fmt::kCodeBytes / 64; ++c) {
+    const Codes codes = load_codes(block + 64 * c);
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (Fmt::kNibbles) {
+        const Floats wlo = code_floats(low(codes), i), whi = code_floats(high(codes), i);
+        for (int m = 0; m < M; ++m) {
+          const float* xb = x.x + m * x.k + b * kBlock + 4 * c + i;
+          dots[m] = fma(whi, splat(xb[16]), fma(wlo, splat(xb[0]), dots[m]));
+        }
+      } else {
+        const Floats w = signed_floats(codes, i);
+        for (int m = 0; m < M; ++m)
+          dots[m] = fma(w, splat(x.x[m * x.k + b * kBlock + 4 * c + i]), dots[m]);
+      }
+    }
+  }
+}
+
+// One group of 16 rows against M rows of x: sums[m * 16 + r].
+template <typename Fmt, int M, typename X>
+void group_rows(const uint8_t* group, int64_t blocks, const X& x, float* sums) {
   using namespace rows16;
   constexpr int kBytes = kGroupRows * Fmt::Plain::kBytes;
   Floats acc[M];
@@ -110,25 +129,10 @@ void group_rows(const uint8_t* group, int64_t blocks, const SummedX& x, float* s
   const uint8_t* block = group;
   for (int64_t b = 0; b < blocks; ++b, block += kBytes) {
     Floats dots[M];
-    for (int m = 0; m < M; ++m) dots[m] = zero_floats();
-    for (int c = 0; c < Fmt::kCodeBytes / 64; ++c) {
-      const Codes codes = load_codes(block + 64 * c);
-      for (int i = 0; i < 4; ++i) {
-        if constexpr (Fmt::kNibbles) {
-          const Floats wlo = code_floats(low(codes), i), whi = code_floats(high(codes), i);
-          for (int m = 0; m < M; ++m) {
-            const float* xb = x.x + m * x.k + b * kBlock + 4 * c + i;
-            dots[m] = fma(whi, splat(xb[16]), fma(wlo, splat(xb[0]), dots[m]));
-          }
-        } else {
-          const Floats w = signed_floats(codes, i);
-          for (int m = 0; m < M; ++m)
-            dots[m] = fma(w, splat(x.x[m * x.k + b * kBlock + 4 * c + i]), dots[m]);
-        }
-      }
-    }
+    float units[M];
+    block_dots<Fmt, M>(block, b, blocks, x, dots, units);
     const Floats d = halves(block + Fmt::kCodeBytes);
-    for (int m = 0; m < M; ++m) acc[m] = fma(dots[m], d, acc[m]);
+    for (int m = 0; m < M; ++m) acc[m] = fma(dots[m], mul(d, splat(units[m])), acc[m]);
     if constexpr (Fmt::kHasOffset) {
       const Floats offset = Fmt::offsets(block, d);
       for (int m = 0; m < M; ++m) acc[m] = fma(offset, splat(x.s[m * blocks + b]), acc[m]);
@@ -143,14 +147,14 @@ using GroupFn = void (*)(const uint8_t*, int64_t, const X&, float*);
 template <typename Fmt, typename X>
 GroupFn<X> group_fn(int64_t m) {
   switch (m) {
-    case 1: return &group_rows<Fmt, 1>;
-    case 2: return &group_rows<Fmt, 2>;
-    case 3: return &group_rows<Fmt, 3>;
-    case 4: return &group_rows<Fmt, 4>;
-    case 5: return &group_rows<Fmt, 5>;
-    case 6: return &group_rows<Fmt, 6>;
-    case 7: return &group_rows<Fmt, 7>;
-    default: return &group_rows<Fmt, kTileRows>;
+    case 1: return &group_rows<Fmt, 1, X>;
+    case 2: return &group_rows<Fmt, 2, X>;
+    case 3: return &group_rows<Fmt, 3, X>;
+    case 4: return &group_rows<Fmt, 4, X>;
+    case 5: return &group_rows<Fmt, 5, X>;
+    case 6: return &group_rows<Fmt, 6, X>;
+    case 7: return &group_rows<Fmt, 7, X>;
+    default: return &group_rows<Fmt, kTileRows, X>;
   }
 }
 
