@@ -71,7 +71,7 @@ struct Q8Rows {
 // One block of 16 rows against M rows of x: dots[m], lane r = row r's codes times row m of x
 // over the block, in units of x's block scale (units[m]: Int8X's d, 1 for fp32 x).
 template <typename Fmt, int M>
-void block_dots(const uint8_t* block, int64_t b, int64_t blocks, const Int8X& x,
+[[gnu::always_inline]] inline void block_dots(const uint8_t* block, int64_t b, int64_t blocks, const Int8X& x,
                 rows16::Floats* dots, float* units) {
   using namespace rows16;
   Ints sums[M];
@@ -94,7 +94,7 @@ void block_dots(const uint8_t* block, int64_t b, int64_t blocks, const Int8X& x,
 }
 
 template <typename Fmt, int M>
-void block_dots(const uint8_t* block, int64_t b, int64_t, const SummedX& x,
+[[gnu::always_inline]] inline void block_dots(const uint8_t* block, int64_t b, int64_t, const SummedX& x,
                 rows16::Floats* dots, float* units) {
   using namespace rows16;
   for (int m = 0; m < M; ++m) {
