@@ -12,12 +12,15 @@ dequantized weight with fp32 sums, rounded once to x's dtype: within fp32 summat
                                                   int8_activations rounded per block of 32 to
                                                   int8 and multiplied in int8 (the other paths
                                                   then take x rounded so, in fp32)
+    q8_0x16 q4_0x16 q4_1x16, up to                the same blocks interleaved by 16 rows
+    MAX_BLOCKED_ROWS rows                         (quant_formats.py): one row per vector
+                                                  lane, otherwise as above
     q4_k q6_k, up to MAX_ROWS rows                the packed bytes streamed once for all rows
     more rows (prefill)                           a tile of weight rows that fits L2 decoded to
                                                   fp32, one sgemm per tile
 
-Batch invariant: for q4_0, q4_1 and q8_0 with up to `MAX_BLOCKED_ROWS` rows, each output is
-summed in one fixed order whatever the number of rows, by the kernel the fused decode ops
+Batch invariant: for q4_0, q4_1, q8_0 and their interleaved forms with up to `MAX_BLOCKED_ROWS`
+rows, each output is summed in one fixed order whatever the number of rows, by the kernel the fused decode ops
 (kernels/decode_layer.py) run too; a row of x gives the same bits alone, in a batch of 40 or
 through `decode_linear`, so a request's tokens do not depend on the requests batched with it.
 The torch twin is `radixflow.kernels.reference.quant_linear_ref`.

@@ -58,7 +58,8 @@ struct Q4Rows {
   static constexpr bool kNibbles = true, kHasOffset = true, kHasMin = kHasMin_;
   static constexpr int kCodeBytes = 256;  // then the d, then (q4_1) the m
   static rows16::Floats offsets(const uint8_t* block, rows16::Floats d) {
-    return kHasMin_ ? rows16::halves(block + kCodeBytes + 32) : rows16::mul(d, rows16::splat(-8.0f));
+    return kHasMin_ ? rows16::halves(block + kCodeBytes + 32)
+                    : rows16::mul(d, rows16::splat(-8.0f));
   }
 };
 
@@ -71,8 +72,9 @@ struct Q8Rows {
 // One block of 16 rows against M rows of x: dots[m], lane r = row r's codes times row m of x
 // over the block, in units of x's block scale (units[m]: Int8X's d, 1 for fp32 x).
 template <typename Fmt, int M>
-[[gnu::always_inline]] inline void block_dots(const uint8_t* block, int64_t b, int64_t blocks, const Int8X& x,
-                rows16::Floats* dots, float* units) {
+[[gnu::always_inline]] inline void block_dots(const uint8_t* block, int64_t b, int64_t blocks,
+                                              const Int8X& x, rows16::Floats* dots,
+                                              float* units) {
   using namespace rows16;
   Ints sums[M];
   for (int m = 0; m < M; ++m) sums[m] = zero_ints();
@@ -94,8 +96,9 @@ template <typename Fmt, int M>
 }
 
 template <typename Fmt, int M>
-[[gnu::always_inline]] inline void block_dots(const uint8_t* block, int64_t b, int64_t, const SummedX& x,
-                rows16::Floats* dots, float* units) {
+[[gnu::always_inline]] inline void block_dots(const uint8_t* block, int64_t b, int64_t,
+                                              const SummedX& x, rows16::Floats* dots,
+                                              float* units) {
   using namespace rows16;
   for (int m = 0; m < M; ++m) {
     dots[m] = zero_floats();

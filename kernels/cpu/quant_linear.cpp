@@ -1,5 +1,6 @@
 // y = x @ W^T (+ bias) where W [N, K] stays packed as GGUF blocks (q8_0, q4_0, q4_1, q4_k, q6_k),
-// one row of blocks per output feature, byte for byte as in the file.
+// one row of blocks per output feature, byte for byte as in the file, or (q8_0x16, q4_0x16,
+// q4_1x16) the same blocks interleaved by 16 rows (interleaved_blocks.h).
 //
 //     q4_0 q4_1 q8_0, M <= 128  quant_blocks.h's packed_matmul: blocks decoded in registers,
 //                               tiles of 8 rows of x; batch invariant (each output's sum in one
@@ -7,6 +8,8 @@
 //                               int8_activations x is first quantized per block of 32 and the
 //                               blocks multiplied in int8 (llama.cpp's q8 activations); the
 //                               other paths then multiply x rounded to that grid in fp32
+//     q?_?x16, M <= 128         interleaved_blocks.h's interleaved_matmul: one row per vector
+//                               lane, the same tiles, batch invariant, x in fp32 or int8
 //     q4_k q6_k, M <= 8         each 256-weight block decoded to int8 q, a scale s and an
 //                               offset o per 16 weights (w = s q + o, as ggml) in an L1 scratch,
 //                               then acc[r][m] = fma(w_r, x[m, k:k+kLanes], acc[r][m])
@@ -14,8 +17,8 @@
 //
 // The weights are exact in fp32 (gguf's own dequantize, up to one rounding of s q + o, which is
 // fused here); sums are fp32, so the result is F.linear on the dequantized weight (and on x's
-// int8 grid with int8_activations) within fp32 summation-order error, rounded once to x's dtype. The vectors are simd.h's for the ISA this
-// file is compiled for.
+// int8 grid with int8_activations) within fp32 summation-order error, rounded once to x's dtype.
+// The vectors are simd.h's for the ISA this file is compiled for.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -271,7 +274,8 @@ template <typename Layout>
 void run_blocks(const at::Tensor& x, const at::Tensor& packed,
                 const std::optional<at::Tensor>& bias, const at::Tensor& out, bool int8_x) {
   const int64_t m = x.size(0), k = x.size(1);
-  if (m > kMaxBlockedRows) return sgemm(float_rows(x, int8_x), packed, &Layout::decode_row, bias, out);
+  if (m > kMaxBlockedRows)
+    return sgemm(float_rows(x, int8_x), packed, &Layout::decode_row, bias, out);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const blocks::Packed p{packed.data_ptr<uint8_t>(), packed.size(0), k, packed.size(1)};
   if (int8_x) {

@@ -58,13 +58,17 @@ inline Ints dot_bytes(Ints acc, __m512i u, __m512i s) {
 #if defined(__AVX512VNNI__)
   return {_mm512_dpbusd_epi32(acc.v, u, s)};
 #else
-  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)))};
+  const __m512i pairs = _mm512_maddubs_epi16(u, s);
+  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))};
 #endif
 }
-inline Ints dot4(Ints acc, Codes c, int32_t x4) { return dot_bytes(acc, c.v, _mm512_set1_epi32(x4)); }
+inline Ints dot4(Ints acc, Codes c, int32_t x4) {
+  return dot_bytes(acc, c.v, _mm512_set1_epi32(x4));
+}
 inline Ints dot4_signed(Ints acc, Codes c, int32_t x4) {
   const __m512i x = _mm512_set1_epi32(x4);
-  const __m512i x_signed = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(c.v), _mm512_setzero_si512(), x);
+  const __m512i x_signed =
+      _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(c.v), _mm512_setzero_si512(), x);
   return dot_bytes(acc, _mm512_abs_epi8(c.v), x_signed);
 }
 inline Floats code_floats(Codes c, int i) {
@@ -143,7 +147,9 @@ inline Floats halves(const uint8_t* p) {
   return {{_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))}};
 }
-inline Floats to_floats(Ints s) { return {{_mm256_cvtepi32_ps(s.v[0]), _mm256_cvtepi32_ps(s.v[1])}}; }
+inline Floats to_floats(Ints s) {
+  return {{_mm256_cvtepi32_ps(s.v[0]), _mm256_cvtepi32_ps(s.v[1])}};
+}
 inline Floats zero_floats() { return {{_mm256_setzero_ps(), _mm256_setzero_ps()}}; }
 inline Floats splat(float x) { return {{_mm256_set1_ps(x), _mm256_set1_ps(x)}}; }
 inline Floats fma(Floats a, Floats b, Floats c) {
@@ -181,7 +187,9 @@ inline Codes high(Codes c) {
   for (auto& v : c.v) v = vshrq_n_u8(v, 4);
   return c;
 }
-inline Ints zero_ints() { return {{vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)}}; }
+inline Ints zero_ints() {
+  return {{vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)}};
+}
 // acc + the dot products of int8 lanes a and b, four per int32 lane.
 inline int32x4_t dot_bytes(int32x4_t acc, int8x16_t a, int8x16_t b) {
 #if defined(__ARM_FEATURE_DOTPROD)
@@ -219,17 +227,23 @@ inline Floats signed_floats(Codes c, int i) {
 }
 inline Floats halves(const uint8_t* p) {
   Floats f;
-  for (int j = 0; j < 4; ++j)
-    f.v[j] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p) + 4 * j)));
+  for (int j = 0; j < 4; ++j) {
+    const uint16x4_t bits = vld1_u16(reinterpret_cast<const uint16_t*>(p) + 4 * j);
+    f.v[j] = vcvt_f32_f16(vreinterpret_f16_u16(bits));
+  }
   return f;
 }
 inline Floats to_floats(Ints s) {
-  return {{vcvtq_f32_s32(s.v[0]), vcvtq_f32_s32(s.v[1]), vcvtq_f32_s32(s.v[2]), vcvtq_f32_s32(s.v[3])}};
+  Floats f;
+  for (int j = 0; j < 4; ++j) f.v[j] = vcvtq_f32_s32(s.v[j]);
+  return f;
 }
 inline Floats zero_floats() {
   return {{vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}};
 }
-inline Floats splat(float x) { return {{vdupq_n_f32(x), vdupq_n_f32(x), vdupq_n_f32(x), vdupq_n_f32(x)}}; }
+inline Floats splat(float x) {
+  return {{vdupq_n_f32(x), vdupq_n_f32(x), vdupq_n_f32(x), vdupq_n_f32(x)}};
+}
 inline Floats fma(Floats a, Floats b, Floats c) {
   for (int j = 0; j < 4; ++j) c.v[j] = vfmaq_f32(c.v[j], a.v[j], b.v[j]);
   return c;
