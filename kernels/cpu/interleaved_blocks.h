@@ -33,6 +33,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "quant_blocks.h"
@@ -214,34 +215,39 @@ void interleaved_matmul(const Packed& p, const X& x, int64_t m, const Out* bias,
   });
 }
 
-// Row `row` of an interleaved weight decoded to fp32 (as the plain format's decode), for the
-// sgemm of long prefills.
+// Rows [begin, end) of an interleaved weight decoded to fp32 (row r at dst + (r - begin) K, as
+// the plain format decodes it), for the sgemm of long prefills: each group they touch is put
+// back in the file's layout in a scratch of 16 rows, then decoded row by row.
 template <typename Fmt>
-void dequantize_interleaved_row(const Packed& p, int64_t row, float* dst) {
-  const int64_t plain = p.n / kGroupRows * kGroupRows;
-  if (row >= plain) return dequantize_row<typename Fmt::Plain>(p.w + row * p.row_bytes, p.k, dst);
-  constexpr int kBytes = kGroupRows * Fmt::Plain::kBytes;
-  const int r = static_cast<int>(row % kGroupRows);
-  const uint8_t* block = p.w + row / kGroupRows * kGroupRows * p.row_bytes;
-  for (int64_t k0 = 0; k0 < p.k; k0 += kBlock, block += kBytes, dst += kBlock) {
-    const float d = half_at(block + Fmt::kCodeBytes + 2 * r);
-    for (int c = 0; c < Fmt::kCodeBytes / 64; ++c) {
-      for (int i = 0; i < 4; ++i) {
-        const uint8_t byte = block[64 * c + 4 * r + i];
-        if constexpr (Fmt::kNibbles) {
-          const float m = Fmt::kHasMin ? half_at(block + Fmt::kCodeBytes + 32 + 2 * r) : -8.0f * d;
-          dst[4 * c + i] = std::fma(static_cast<float>(byte & 0x0F), d, m);
-          dst[16 + 4 * c + i] = std::fma(static_cast<float>(byte >> 4), d, m);
-        } else {
-          dst[4 * c + i] = static_cast<float>(static_cast<int8_t>(byte)) * d;
-        }
+void dequantize_interleaved_rows(const Packed& p, int64_t begin, int64_t end, float* dst) {
+  using Plain = typename Fmt::Plain;
+  constexpr int kScaleBytes = Plain::kBytes - Fmt::kCodeBytes / kGroupRows;  // d (and m)
+  const int64_t grouped = p.n / kGroupRows * kGroupRows, blocks = p.k / kBlock;
+  std::vector<uint8_t> plain(kGroupRows * p.row_bytes);
+  for (int64_t r = begin; r < end;) {
+    if (r >= grouped) {
+      dequantize_row<Plain>(p.w + r * p.row_bytes, p.k, dst + (r - begin) * p.k);
+      ++r;
+      continue;
+    }
+    const int64_t first = r / kGroupRows * kGroupRows, stop = std::min(end, first + kGroupRows);
+    const uint8_t* block = p.w + first * p.row_bytes;
+    for (int64_t b = 0; b < blocks; ++b, block += kGroupRows * Plain::kBytes) {
+      for (int row = 0; row < kGroupRows; ++row) {
+        uint8_t* out = plain.data() + row * p.row_bytes + b * Plain::kBytes;
+        for (int part = 0; part < kScaleBytes / 2; ++part)  // d, then m
+          std::memcpy(out + 2 * part, block + Fmt::kCodeBytes + 32 * part + 2 * row, 2);
+        for (int c = 0; c < Fmt::kCodeBytes / 64; ++c)
+          std::memcpy(out + kScaleBytes + 4 * c, block + 64 * c + 4 * row, 4);
       }
     }
+    for (; r < stop; ++r)
+      dequantize_row<Plain>(plain.data() + (r - first) * p.row_bytes, p.k, dst + (r - begin) * p.k);
   }
 }
 
-// The two layouts behind one interface: matmul(p, x, m, bias, y, ldy) and decode_row(p, row,
-// dst), for quant_linear.cpp and decode_layer.cpp.
+// The two layouts behind one interface: matmul(p, x, m, bias, y, ldy) and decode_rows(p, begin,
+// end, dst), for quant_linear.cpp and decode_layer.cpp.
 template <typename Fmt>
 struct Plain {
   template <typename X, typename Out>
@@ -249,8 +255,9 @@ struct Plain {
                      int64_t ldy) {
     packed_matmul<Fmt>(p, x, m, bias, y, ldy);
   }
-  static void decode_row(const Packed& p, int64_t row, float* dst) {
-    dequantize_row<Fmt>(p.w + row * p.row_bytes, p.k, dst);
+  static void decode_rows(const Packed& p, int64_t begin, int64_t end, float* dst) {
+    for (int64_t r = begin; r < end; ++r)
+      dequantize_row<Fmt>(p.w + r * p.row_bytes, p.k, dst + (r - begin) * p.k);
   }
 };
 
@@ -261,8 +268,8 @@ struct Interleaved {
                      int64_t ldy) {
     interleaved_matmul<Fmt>(p, x, m, bias, y, ldy);
   }
-  static void decode_row(const Packed& p, int64_t row, float* dst) {
-    dequantize_interleaved_row<Fmt>(p, row, dst);
+  static void decode_rows(const Packed& p, int64_t begin, int64_t end, float* dst) {
+    dequantize_interleaved_rows<Fmt>(p, begin, end, dst);
   }
 };
 

@@ -212,16 +212,17 @@ void dequantize_row(const uint8_t* row, int64_t k, float* dst) {
   }
 }
 
-// Row `row` of packed weights to fp32.
-using RowDecoder = void (*)(const blocks::Packed& p, int64_t row, float* dst);
+// Rows [begin, end) of packed weights to fp32, row r at dst + (r - begin) K.
+using RowsDecoder = void (*)(const blocks::Packed& p, int64_t begin, int64_t end, float* dst);
 
-template <void (*decode)(const uint8_t*, int64_t, float*)>
-void plain_row(const blocks::Packed& p, int64_t row, float* dst) {
-  decode(p.w + row * p.row_bytes, p.k, dst);
+template <typename Fmt>
+void decode_rows(const blocks::Packed& p, int64_t begin, int64_t end, float* dst) {
+  for (int64_t r = begin; r < end; ++r)
+    dequantize_row<Fmt>(p.w + r * p.row_bytes, p.k, dst + (r - begin) * p.k);
 }
 
 // out = xf [M, K] (fp32) W^T (+ bias), W's rows decoded to fp32 a tile at a time by `decode`.
-void sgemm(const at::Tensor& xf, const at::Tensor& packed, RowDecoder decode,
+void sgemm(const at::Tensor& xf, const at::Tensor& packed, RowsDecoder decode,
            const std::optional<at::Tensor>& bias, const at::Tensor& out) {
   const int64_t n = packed.size(0), k = xf.size(1);
   const blocks::Packed p{packed.data_ptr<uint8_t>(), n, k, packed.size(1)};
@@ -235,7 +236,7 @@ void sgemm(const at::Tensor& xf, const at::Tensor& packed, RowDecoder decode,
     const at::Tensor wt = tile.narrow(0, 0, rows);
     float* dst = wt.data_ptr<float>();
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) decode(p, n0 + r, dst + r * k);
+      decode(p, n0 + begin, n0 + end, dst + begin * k);
     });
     at::Tensor y = at::mm(xf, wt.t());
     if (bias_f) y.add_(bias_f->narrow(0, n0, rows));
@@ -275,7 +276,7 @@ void run_blocks(const at::Tensor& x, const at::Tensor& packed,
                 const std::optional<at::Tensor>& bias, const at::Tensor& out, bool int8_x) {
   const int64_t m = x.size(0), k = x.size(1);
   if (m > kMaxBlockedRows)
-    return sgemm(float_rows(x, int8_x), packed, &Layout::decode_row, bias, out);
+    return sgemm(float_rows(x, int8_x), packed, &Layout::decode_rows, bias, out);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const blocks::Packed p{packed.data_ptr<uint8_t>(), packed.size(0), k, packed.size(1)};
   if (int8_x) {
@@ -290,7 +291,7 @@ template <typename Fmt>
 void run_kquant(const at::Tensor& x, const at::Tensor& packed,
                 const std::optional<at::Tensor>& bias, const at::Tensor& out, bool int8_x) {
   const at::Tensor xf = float_rows(x, int8_x);
-  if (x.size(0) > kMaxRows) return sgemm(xf, packed, &plain_row<&dequantize_row<Fmt>>, bias, out);
+  if (x.size(0) > kMaxRows) return sgemm(xf, packed, &decode_rows<Fmt>, bias, out);
   const Problem p{xf.data_ptr<float>(), packed.data_ptr<uint8_t>(), x.size(0), packed.size(0),
                   x.size(1), packed.size(1)};
   if (x.scalar_type() == at::kFloat) {
