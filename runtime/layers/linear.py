@@ -20,6 +20,7 @@ from torch import nn
 from radixflow.kernels import quant_linear
 from radixflow.kernels.cpu_linear import DTYPES, MAX_ROWS, small_linear
 from radixflow.kernels.quant_formats import (
+    INTERLEAVE_ROWS,
     INTERLEAVED,
     QTYPES,
     PackedWeight,
@@ -139,6 +140,19 @@ def choose_quant_linear(target: OpsTarget) -> QuantLinearImpl:
     return QuantLinearImpl("torch-dequantize", quant_linear_ref, frozenset())
 
 
+# Rows (a multiple of INTERLEAVE_ROWS) (de)interleaved at a time: a copy of a whole segment (the
+# 49152-row embedding: 29 MiB, three times over) would raise the peak RSS of loading.
+_LAYOUT_CHUNK_ROWS = 64 * INTERLEAVE_ROWS
+
+
+def _in_place(packed: torch.Tensor, convert: Callable, qtype: str) -> None:
+    """packed's rows through `convert` (interleave_rows or deinterleave_rows), a chunk of whole
+    groups at a time (a group's bytes stay within its rows)."""
+    for start in range(0, packed.shape[0], _LAYOUT_CHUNK_ROWS):
+        part = packed[start : start + _LAYOUT_CHUNK_ROWS]
+        part.copy_(convert(part, qtype))
+
+
 class QuantLinear(nn.Module):
     """A projection whose weight stays packed (kernels/quant_formats.py), run by the bound impl.
 
@@ -182,7 +196,7 @@ class QuantLinear(nn.Module):
             if first <= start < first + count:
                 if qtype in INTERLEAVED:  # loading again: back to the file's layout first
                     qtype = INTERLEAVED[qtype]
-                    self.packed(i).copy_(deinterleave_rows(self.packed(i), self.segments[i][0]))
+                    _in_place(self.packed(i), deinterleave_rows, self.segments[i][0])
                     self.segments[i] = (qtype, first, count)
                 if (
                     whole
@@ -203,7 +217,7 @@ class QuantLinear(nn.Module):
         interleaved`) in that layout; called once every weight is loaded."""
         for i, (qtype, first, count) in enumerate(self.segments):
             if qtype in self.impl.interleaved:
-                self.packed(i).copy_(interleave_rows(self.packed(i), qtype))
+                _in_place(self.packed(i), interleave_rows, qtype)
                 self.segments[i] = (interleaved_qtype(qtype), first, count)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
