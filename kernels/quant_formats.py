@@ -166,28 +166,38 @@ def _block_parts(qtype: str) -> tuple[int, int]:
     return {"q8_0": (2, 32), "q4_0": (2, 16), "q4_1": (4, 16)}[quant_format(qtype).name]
 
 
+@functools.cache
+def _group_order(qtype: str, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For one group of 16 plain `qtype` rows of `nbytes` (bytes numbered row by row): the plain
+    byte at each position of the interleaved group, and its inverse (the interleaved position of
+    each plain byte)."""
+    scale_bytes, code_bytes = _block_parts(qtype)
+    nblocks = nbytes // (scale_bytes + code_bytes)
+    rows = torch.arange(INTERLEAVE_ROWS * nbytes).view(INTERLEAVE_ROWS, nblocks, -1)
+    # codes: [row, b, chunk, 4] -> [b, chunk, row, 4]; scales: [row, b, (d m), 2] -> [b, (d m),
+    # row, 2]; each block's codes, then its scales
+    codes = rows[..., scale_bytes:].reshape(INTERLEAVE_ROWS, nblocks, -1, 4).permute(1, 2, 0, 3)
+    scales = rows[..., :scale_bytes].reshape(INTERLEAVE_ROWS, nblocks, -1, 2).permute(1, 2, 0, 3)
+    order = torch.cat((codes.reshape(nblocks, -1), scales.reshape(nblocks, -1)), 1).reshape(-1)
+    return order, torch.argsort(order)
+
+
+def _regroup(packed: torch.Tensor, plain: str, inverse: bool) -> torch.Tensor:
+    """`packed`'s whole groups of 16 rows through `_group_order` (or its inverse); the rest as
+    they are."""
+    n, nbytes = packed.shape
+    whole = n // INTERLEAVE_ROWS * INTERLEAVE_ROWS
+    index = _group_order(plain, nbytes)[inverse]
+    groups = packed[:whole].reshape(-1, INTERLEAVE_ROWS * nbytes)[:, index]
+    return torch.cat((groups.reshape(whole, nbytes), packed[whole:]))
+
+
 def interleave_rows(packed: torch.Tensor, qtype: str) -> torch.Tensor:
     """Packed q8_0, q4_0 or q4_1 rows [N, row_bytes] -> the same weight as `qtype`x16 (see
     above)."""
     if qtype not in INTERLEAVED.values():
         raise ValueError(f"only q8_0, q4_0 and q4_1 rows interleave, got {qtype!r}")
-    n, nbytes = packed.shape
-    groups = n // INTERLEAVE_ROWS
-    scale_bytes, code_bytes = _block_parts(qtype)
-    nblocks = nbytes // (scale_bytes + code_bytes)
-    blocks = packed[: groups * INTERLEAVE_ROWS].reshape(
-        groups, INTERLEAVE_ROWS, nblocks, scale_bytes + code_bytes
-    )
-    # codes: [g, row, b, chunk, 4] -> [g, b, chunk, row, 4]; scales: [g, row, b, (d m), 2] ->
-    # [g, b, (d m), row, 2]
-    codes = blocks[..., scale_bytes:].reshape(groups, INTERLEAVE_ROWS, nblocks, code_bytes // 4, 4)
-    codes = codes.permute(0, 2, 3, 1, 4).reshape(groups, nblocks, INTERLEAVE_ROWS * code_bytes)
-    scales = blocks[..., :scale_bytes].reshape(
-        groups, INTERLEAVE_ROWS, nblocks, scale_bytes // 2, 2
-    )
-    scales = scales.permute(0, 2, 3, 1, 4).reshape(groups, nblocks, INTERLEAVE_ROWS * scale_bytes)
-    grouped = torch.cat((codes, scales), dim=-1).reshape(-1, nbytes)
-    return torch.cat((grouped, packed[groups * INTERLEAVE_ROWS :])).contiguous()
+    return _regroup(packed, qtype, inverse=False)
 
 
 def interleaved_qtype(qtype: str) -> str:
@@ -197,32 +207,7 @@ def interleaved_qtype(qtype: str) -> str:
 
 def deinterleave_rows(packed: torch.Tensor, qtype: str) -> torch.Tensor:
     """The inverse of `interleave_rows`: `qtype` (q8_0x16, q4_0x16, q4_1x16) rows -> plain."""
-    plain = INTERLEAVED[qtype]
-    n, nbytes = packed.shape
-    groups = n // INTERLEAVE_ROWS
-    scale_bytes, code_bytes = _block_parts(plain)
-    nblocks = nbytes // (scale_bytes + code_bytes)
-    grouped = packed[: groups * INTERLEAVE_ROWS].reshape(
-        groups, nblocks, INTERLEAVE_ROWS * nbytes // nblocks
-    )
-    codes = grouped[..., : INTERLEAVE_ROWS * code_bytes]
-    codes = codes.reshape(groups, nblocks, code_bytes // 4, INTERLEAVE_ROWS, 4)
-    codes = codes.permute(0, 3, 1, 2, 4)
-    codes = codes.reshape(groups, INTERLEAVE_ROWS, nblocks, code_bytes)
-    scales = grouped[..., INTERLEAVE_ROWS * code_bytes :]
-    scales = scales.reshape(groups, nblocks, scale_bytes // 2, INTERLEAVE_ROWS, 2)
-    scales = scales.permute(0, 3, 1, 2, 4)
-    scales = scales.reshape(groups, INTERLEAVE_ROWS, nblocks, scale_bytes)
-    rows = torch.cat((scales, codes), dim=-1).reshape(-1, nbytes)
-    return torch.cat((rows, packed[groups * INTERLEAVE_ROWS :])).contiguous()
-
-
-@functools.cache
-def _lane_bytes(qtype: str, nbytes: int) -> torch.Tensor:
-    """[16, nbytes] int64: where each byte of each of a group's 16 plain rows lies in the
-    group's interleaved bytes (`deinterleave_rows` applied to the positions themselves)."""
-    positions = torch.arange(INTERLEAVE_ROWS * nbytes).view(INTERLEAVE_ROWS, nbytes)
-    return deinterleave_rows(positions, qtype)
+    return _regroup(packed, INTERLEAVED[qtype], inverse=True)
 
 
 def select_rows(packed: torch.Tensor, qtype: str, ids: torch.Tensor) -> torch.Tensor:
@@ -232,7 +217,7 @@ def select_rows(packed: torch.Tensor, qtype: str, ids: torch.Tensor) -> torch.Te
     whole = n // INTERLEAVE_ROWS * INTERLEAVE_ROWS
     if qtype not in INTERLEAVED or whole == 0:
         return packed.index_select(0, ids)
-    lanes = _lane_bytes(qtype, nbytes).to(ids.device)
+    lanes = _group_order(INTERLEAVED[qtype], nbytes)[1].view(INTERLEAVE_ROWS, nbytes).to(ids.device)
     in_group = (ids // INTERLEAVE_ROWS * INTERLEAVE_ROWS * nbytes).unsqueeze(-1)
     plain = ids.unsqueeze(-1) * nbytes + torch.arange(nbytes, device=ids.device)
     where = torch.where((ids < whole).unsqueeze(-1), in_group + lanes[ids % INTERLEAVE_ROWS], plain)

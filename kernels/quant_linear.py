@@ -20,9 +20,10 @@ dequantized weight with fp32 sums, rounded once to x's dtype: within fp32 summat
                                                   fp32, one sgemm per tile
 
 Batch invariant: for q4_0, q4_1, q8_0 and their interleaved forms with up to `MAX_BLOCKED_ROWS`
-rows, each output is summed in one fixed order whatever the number of rows, by the kernel the fused decode ops
-(kernels/decode_layer.py) run too; a row of x gives the same bits alone, in a batch of 40 or
-through `decode_linear`, so a request's tokens do not depend on the requests batched with it.
+rows, each output is summed in one fixed order whatever the number of rows, by the kernels the
+fused decode ops (kernels/decode_layer.py) run too; a row of x gives the same bits alone, in a
+batch of 40 or through `decode_linear`, so a request's tokens do not depend on the requests
+batched with it.
 The torch twin is `radixflow.kernels.reference.quant_linear_ref`.
 """
 

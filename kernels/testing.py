@@ -41,8 +41,8 @@ def random_gguf_weight(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Valid random GGUF blocks for an [n, k] weight: (packed uint8 [n, row bytes], gguf's own
     dequantization float32 [n, k]). q8_0/q4_x quantize a random weight with gguf; q4_k/q6_k
-    blocks are random bytes whose fp16 scales are set to small finite values; q4_0x16/q4_1x16
-    are those q4_0/q4_1 blocks interleaved (quant_formats.interleave_rows)."""
+    blocks are random bytes whose fp16 scales are set to small finite values; the interleaved
+    qtypes (q8_0x16, ...) are their plain blocks interleaved (quant_formats.interleave_rows)."""
     import gguf.quants
 
     if qtype in INTERLEAVED:

@@ -23,8 +23,9 @@
 //
 //     Int8X   acc = fma(float(sum q_w q_x), d_w d_x, acc); acc = fma(m_w, s_x, acc)
 //     FloatX  acc = fma(sum q_w x, d_w, acc); acc = fma(m_w, sum x, acc)
-//     (q8_0 has no m and no second fma)
 //             (sum q_w x in fp32, in one fixed order; sum x per block of x, computed once)
+//
+// (q8_0 has no m, and no second fma.)
 //
 // i.e. the dequantized weight w = d q + m, factored. Nothing in that order depends on M or on
 // the vector width, so a row of x gets the same bits in any batch (as quant_blocks.h) and on
@@ -225,14 +226,13 @@ void dequantize_interleaved_rows(const Packed& p, int64_t begin, int64_t end, fl
   const int64_t grouped = p.n / kGroupRows * kGroupRows, blocks = p.k / kBlock;
   std::vector<uint8_t> plain(kGroupRows * p.row_bytes);
   for (int64_t r = begin; r < end;) {
-    if (r >= grouped) {
-      dequantize_row<Plain>(p.w + r * p.row_bytes, p.k, dst + (r - begin) * p.k);
-      ++r;
-      continue;
-    }
-    const int64_t first = r / kGroupRows * kGroupRows, stop = std::min(end, first + kGroupRows);
+    // rows past the last group are plain already; a group is put back in a 16-row scratch
+    const bool in_group = r < grouped;
+    const int64_t first = in_group ? r / kGroupRows * kGroupRows : r;
+    const int64_t stop = in_group ? std::min(end, first + kGroupRows) : end;
+    const uint8_t* rows = in_group ? plain.data() : p.w + first * p.row_bytes;
     const uint8_t* block = p.w + first * p.row_bytes;
-    for (int64_t b = 0; b < blocks; ++b, block += kGroupRows * Plain::kBytes) {
+    for (int64_t b = 0; in_group && b < blocks; ++b, block += kGroupRows * Plain::kBytes) {
       for (int row = 0; row < kGroupRows; ++row) {
         uint8_t* out = plain.data() + row * p.row_bytes + b * Plain::kBytes;
         for (int part = 0; part < kScaleBytes / 2; ++part)  // d, then m
@@ -242,7 +242,7 @@ void dequantize_interleaved_rows(const Packed& p, int64_t begin, int64_t end, fl
       }
     }
     for (; r < stop; ++r)
-      dequantize_row<Plain>(plain.data() + (r - first) * p.row_bytes, p.k, dst + (r - begin) * p.k);
+      dequantize_row<Plain>(rows + (r - first) * p.row_bytes, p.k, dst + (r - begin) * p.k);
   }
 }
 
