@@ -11,12 +11,13 @@ weights as ggml blocks, byte for byte as a GGUF file stores them, so a GGUF tens
     q6_k 256 weights / 210 B: 128 B low nibbles | 64 B 2-bit highs | 16 x int8 scales | d f16
                               16 sub-blocks of 16: w = d * sc * (q - 32)
 
-q8_0x16, q4_0x16 and q4_1x16 are q8_0, q4_0 and q4_1 interleaved by 16 rows
+q8_0x16, q4_0x16, q4_1x16 and q4_kx16 are q8_0, q4_0, q4_1 and q4_k interleaved by 16 rows
 (`interleave_rows`): the layout the CPU kernel's matvec reads at memory speed
-(kernels/cpu/interleaved_blocks.h). Each group of 16 rows is contiguous, block after block: the
-16 rows' code bytes of one block (q4: 16 nibble bytes, q8_0: 32 int8) as chunks of 4 bytes per
-row (chunk-major), then their 16 d, then (q4_1) their 16 m; rows past the last whole group stay
-in the plain layout. Same bytes per row as the plain format.
+(kernels/cpu/interleaved_blocks.h, interleaved_q4k.h). Each group of 16 rows is contiguous,
+block after block: the 16 rows' code bytes of one block (q4: 16 nibble bytes, q8_0: 32 int8,
+q4_k: 128 nibble bytes) as chunks of 4 bytes per row (chunk-major), then their 16 d, then
+(q4_1) their 16 m or (q4_k) their 16 dmin and their 12 scale bytes as chunks of 4; rows past the
+last whole group stay in the plain layout. Same bytes per row as the plain format.
 
 `dequantize` matches `gguf.quants.dequantize` bit for bit (same float32 operations in the same
 order); `quantize` matches `gguf.quants.quantize` for q8_0, q4_0 and q4_1.
@@ -53,7 +54,7 @@ FORMATS: dict[str, QuantFormat] = {
     )
 }
 # interleaved qtype -> its plain format (same blocks, rows interleaved by INTERLEAVE_ROWS)
-INTERLEAVED = {"q8_0x16": "q8_0", "q4_0x16": "q4_0", "q4_1x16": "q4_1"}
+INTERLEAVED = {"q8_0x16": "q8_0", "q4_0x16": "q4_0", "q4_1x16": "q4_1", "q4_kx16": "q4_k"}
 INTERLEAVE_ROWS = 16
 QTYPES = (*FORMATS, *INTERLEAVED)
 # what `quantize` can produce from float weights
@@ -161,9 +162,14 @@ def _dequantize_blocks(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
     raise ValueError(f"unknown quantized weight type {qtype!r}; known: {list(QTYPES)}")
 
 
-def _block_parts(qtype: str) -> tuple[int, int]:
-    """(bytes of scales, bytes of codes) in one block of q8_0, q4_0 or q4_1."""
-    return {"q8_0": (2, 32), "q4_0": (2, 16), "q4_1": (4, 16)}[quant_format(qtype).name]
+# Per plain qtype, the parts of a block in their interleaved order: (first byte in the plain
+# block, bytes, bytes per row in each chunk).
+_BLOCK_PARTS = {
+    "q8_0": ((2, 32, 4), (0, 2, 2)),  # codes, d
+    "q4_0": ((2, 16, 4), (0, 2, 2)),  # codes, d
+    "q4_1": ((4, 16, 4), (0, 4, 2)),  # codes, d and m
+    "q4_k": ((16, 128, 4), (0, 4, 2), (4, 12, 4)),  # codes, d and dmin, scales
+}
 
 
 @functools.cache
@@ -171,14 +177,17 @@ def _group_order(qtype: str, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """For one group of 16 plain `qtype` rows of `nbytes` (bytes numbered row by row): the plain
     byte at each position of the interleaved group, and its inverse (the interleaved position of
     each plain byte)."""
-    scale_bytes, code_bytes = _block_parts(qtype)
-    nblocks = nbytes // (scale_bytes + code_bytes)
+    nblocks = nbytes // quant_format(qtype).block_bytes
     rows = torch.arange(INTERLEAVE_ROWS * nbytes).view(INTERLEAVE_ROWS, nblocks, -1)
-    # codes: [row, b, chunk, 4] -> [b, chunk, row, 4]; scales: [row, b, (d m), 2] -> [b, (d m),
-    # row, 2]; each block's codes, then its scales
-    codes = rows[..., scale_bytes:].reshape(INTERLEAVE_ROWS, nblocks, -1, 4).permute(1, 2, 0, 3)
-    scales = rows[..., :scale_bytes].reshape(INTERLEAVE_ROWS, nblocks, -1, 2).permute(1, 2, 0, 3)
-    order = torch.cat((codes.reshape(nblocks, -1), scales.reshape(nblocks, -1)), 1).reshape(-1)
+    # each part [row, b, chunk, unit] -> [b, chunk, row, unit]; a block's parts in turn
+    parts = [
+        rows[..., first : first + size]
+        .reshape(INTERLEAVE_ROWS, nblocks, -1, unit)
+        .permute(1, 2, 0, 3)
+        .reshape(nblocks, -1)
+        for first, size, unit in _BLOCK_PARTS[qtype]
+    ]
+    order = torch.cat(parts, 1).reshape(-1)
     return order, torch.argsort(order)
 
 
@@ -193,20 +202,20 @@ def _regroup(packed: torch.Tensor, plain: str, inverse: bool) -> torch.Tensor:
 
 
 def interleave_rows(packed: torch.Tensor, qtype: str) -> torch.Tensor:
-    """Packed q8_0, q4_0 or q4_1 rows [N, row_bytes] -> the same weight as `qtype`x16 (see
-    above)."""
+    """Packed q8_0, q4_0, q4_1 or q4_k rows [N, row_bytes] -> the same weight as `qtype`x16
+    (see above)."""
     if qtype not in INTERLEAVED.values():
-        raise ValueError(f"only q8_0, q4_0 and q4_1 rows interleave, got {qtype!r}")
+        raise ValueError(f"only q8_0, q4_0, q4_1 and q4_k rows interleave, got {qtype!r}")
     return _regroup(packed, qtype, inverse=False)
 
 
 def interleaved_qtype(qtype: str) -> str:
-    """The interleaved qtype of plain q8_0 / q4_0 / q4_1 ("q4_1" -> "q4_1x16")."""
+    """The interleaved qtype of plain q8_0 / q4_0 / q4_1 / q4_k ("q4_1" -> "q4_1x16")."""
     return next(name for name, plain in INTERLEAVED.items() if plain == qtype)
 
 
 def deinterleave_rows(packed: torch.Tensor, qtype: str) -> torch.Tensor:
-    """The inverse of `interleave_rows`: `qtype` (q8_0x16, q4_0x16, q4_1x16) rows -> plain."""
+    """The inverse of `interleave_rows`: `qtype` (q8_0x16, ..., q4_kx16) rows -> plain."""
     return _regroup(packed, INTERLEAVED[qtype], inverse=True)
 
 

@@ -109,7 +109,7 @@ def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(qtype, dtype, int
 def test_int8_activations_multiply_x_on_its_int8_grid(qtype, dtype):
     # int8 activations: exactly F.linear of x rounded per block of 32 to int8 (up to the order
     # of fp32 sums), which is measurably not F.linear of x itself
-    n, k = 37, 7 * 32  # an odd number of blocks per row
+    n, k = 37, 7 * BLOCK[qtype]  # an odd number of blocks per row
     packed, w = weight(qtype, n, k)
     gen = torch.Generator().manual_seed(11)
     for rows in (1, 3, MAX_ROWS, MAX_ROWS + 1, MAX_BLOCKED_ROWS):

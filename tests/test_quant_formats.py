@@ -53,38 +53,45 @@ def test_dequantize_matches_gguf_bit_for_bit(qtype):
     assert torch.equal(got, torch.from_numpy(np.ascontiguousarray(expected)))
 
 
+# Where the kernels read each part of a group's first block (interleaved_blocks.h,
+# interleaved_q4k.h): (offset in the group, first byte in the plain block, bytes, bytes per row
+# in each chunk of 16 rows).
+GROUP_PARTS = {
+    "q8_0": [(0, 2, 32, 4), (512, 0, 2, 2)],  # codes, d
+    "q4_0": [(0, 2, 16, 4), (256, 0, 2, 2)],  # codes, d
+    "q4_1": [(0, 4, 16, 4), (256, 0, 2, 2), (288, 2, 2, 2)],  # codes, d, m
+    "q4_k": [(0, 16, 128, 4), (2048, 0, 2, 2), (2080, 2, 2, 2), (2112, 4, 12, 4)],
+}
+
+
 @pytest.mark.parametrize("interleaved", sorted(INTERLEAVED))
 def test_interleaved_rows_hold_the_same_weights(interleaved):
     plain = INTERLEAVED[interleaved]
-    scale_bytes, code_bytes = (4, 16) if plain == "q4_1" else (2, 32 if plain == "q8_0" else 16)
-    codes_end = 16 * code_bytes
+    k = 3 * FORMATS[plain].block_size
     for n in (5, 16, 37):  # no whole group, one, two and five plain rows after them
-        packed = random_packed(plain, n, 96, seed=n)
+        packed = random_packed(plain, n, k, seed=n)
         mixed = interleave_rows(packed, plain)
         assert mixed.shape == packed.shape and mixed.is_contiguous()
         assert torch.equal(deinterleave_rows(mixed, interleaved), packed)
-        assert torch.equal(dequantize(mixed, interleaved, 96), dequantize(packed, plain, 96))
+        assert torch.equal(dequantize(mixed, interleaved, k), dequantize(packed, plain, k))
         whole = n // 16 * 16
         assert torch.equal(mixed[whole:], packed[whole:])  # the rest stay plain
         if whole:
-            # the first block of the first group, as the kernels read it: chunk c holds row
-            # r's code bytes 4c..4c+3 at 64c + 4r, then the 16 rows' d (and m)
+            # the first block of the first group, as the kernels read it: chunk c of a part
+            # holds row r's bytes unit c .. unit (c + 1) of it at offset + 16 unit c + unit r
             group = mixed[:16].reshape(-1)
-            for r in range(16):
-                for c in range(code_bytes // 4):
-                    codes = packed[r, scale_bytes + 4 * c : scale_bytes + 4 * c + 4]
-                    assert torch.equal(group[64 * c + 4 * r : 64 * c + 4 * r + 4], codes)
-                d = group[codes_end + 2 * r : codes_end + 2 * r + 2]
-                assert torch.equal(d, packed[r, :2])
-                if plain == "q4_1":
-                    m = group[codes_end + 32 + 2 * r : codes_end + 34 + 2 * r]
-                    assert torch.equal(m, packed[r, 2:4])
+            for offset, first, size, unit in GROUP_PARTS[plain]:
+                for r in range(16):
+                    for c in range(size // unit):
+                        at = offset + 16 * unit * c + unit * r
+                        want = packed[r, first + unit * c : first + unit * (c + 1)]
+                        assert torch.equal(group[at : at + unit], want), (offset, r, c)
         ids = torch.tensor([n - 1, 0, n // 2, 3 % n, n - 1])
         assert torch.equal(select_rows(mixed, interleaved, ids), packed[ids])
 
 
 def test_only_q8_0_and_q4_rows_interleave():
-    with pytest.raises(ValueError, match="only q8_0, q4_0 and q4_1 rows interleave"):
+    with pytest.raises(ValueError, match="only q8_0, q4_0, q4_1 and q4_k rows interleave"):
         interleave_rows(random_packed("q6_k", 16, 256), "q6_k")
 
 

@@ -53,22 +53,37 @@ struct SummedX {
   SummedX from(int64_t row) const { return {x + row * k, s + row * (k / kBlock), k}; }
 };
 
-// The interleaved formats: the plain block format and where a group block's parts lie.
+template <typename Fmt, int M, typename X>
+void group_rows(const uint8_t* group, int64_t blocks, const X& x, float* sums);
+
+// The interleaved formats: the plain block format, where a group block's parts lie, and the
+// product of one group with M rows of x (`group`: sums[m * 16 + r], `blocks` blocks of 32 per
+// row). Rows past the last group are `Plain` blocks (kPlainTail; interleaved_q4k.h's format
+// leaves them to its caller).
 template <bool kHasMin_>
 struct Q4Rows {
   using Plain = Q4<kHasMin_>;
   static constexpr bool kNibbles = true, kHasOffset = true, kHasMin = kHasMin_;
+  static constexpr bool kPlainTail = true;
   static constexpr int kCodeBytes = 256;  // then the d, then (q4_1) the m
   static rows16::Floats offsets(const uint8_t* block, rows16::Floats d) {
     return kHasMin_ ? rows16::halves(block + kCodeBytes + 32)
                     : rows16::mul(d, rows16::splat(-8.0f));
   }
+  template <int M, typename X>
+  static void group(const uint8_t* g, int64_t blocks, const X& x, float* sums) {
+    group_rows<Q4Rows, M, X>(g, blocks, x, sums);
+  }
 };
 
 struct Q8Rows {
   using Plain = Q8;
-  static constexpr bool kNibbles = false, kHasOffset = false;
+  static constexpr bool kNibbles = false, kHasOffset = false, kPlainTail = true;
   static constexpr int kCodeBytes = 512;
+  template <int M, typename X>
+  static void group(const uint8_t* g, int64_t blocks, const X& x, float* sums) {
+    group_rows<Q8Rows, M, X>(g, blocks, x, sums);
+  }
 };
 
 // One block of 16 rows against M rows of x: dots[m], lane r = row r's codes times row m of x
@@ -152,14 +167,14 @@ using GroupFn = void (*)(const uint8_t*, int64_t, const X&, float*);
 template <typename Fmt, typename X>
 GroupFn<X> group_fn(int64_t m) {
   switch (m) {
-    case 1: return &group_rows<Fmt, 1, X>;
-    case 2: return &group_rows<Fmt, 2, X>;
-    case 3: return &group_rows<Fmt, 3, X>;
-    case 4: return &group_rows<Fmt, 4, X>;
-    case 5: return &group_rows<Fmt, 5, X>;
-    case 6: return &group_rows<Fmt, 6, X>;
-    case 7: return &group_rows<Fmt, 7, X>;
-    default: return &group_rows<Fmt, kTileRows, X>;
+    case 1: return &Fmt::template group<1, X>;
+    case 2: return &Fmt::template group<2, X>;
+    case 3: return &Fmt::template group<3, X>;
+    case 4: return &Fmt::template group<4, X>;
+    case 5: return &Fmt::template group<5, X>;
+    case 6: return &Fmt::template group<6, X>;
+    case 7: return &Fmt::template group<7, X>;
+    default: return &Fmt::template group<kTileRows, X>;
   }
 }
 
@@ -169,10 +184,13 @@ template <typename Fmt, typename X, typename Out>
 void interleaved_matmul(const Packed& p, const X& x, int64_t m, const Out* bias, Out* y,
                         int64_t ldy) {
   const int64_t blocks = p.k / kBlock, groups = p.n / kGroupRows;
-  const int64_t plain = groups * kGroupRows;
-  if (plain < p.n) {
-    const Packed rest{p.w + plain * p.row_bytes, p.n - plain, p.k, p.row_bytes};
-    packed_matmul<typename Fmt::Plain>(rest, x, m, bias ? bias + plain : nullptr, y + plain, ldy);
+  if constexpr (Fmt::kPlainTail) {
+    const int64_t plain = groups * kGroupRows;
+    if (plain < p.n) {
+      const Packed rest{p.w + plain * p.row_bytes, p.n - plain, p.k, p.row_bytes};
+      packed_matmul<typename Fmt::Plain>(rest, x, m, bias ? bias + plain : nullptr, y + plain,
+                                         ldy);
+    }
   }
   if (groups == 0) return;
   std::vector<float> block_sums;

@@ -6,6 +6,8 @@
 //     Floats                16 fp32 lanes, one per row
 //     load_codes(p)         64 bytes
 //     low(c) high(c)        their low / high nibbles (0..15), in place of each byte
+//     masked(c, s, mask)    (byte >> s) & mask for each byte (s < 8)
+//     either(a, b)          a | b, byte by byte
 //     dot4(acc, c, x4)      acc + in each lane the dot product of its 4 codes (0..15) with the
 //                           4 int8 values packed in x4 (exact in int32)
 //     dot4_signed(acc, c, x4)   the same for int8 codes (-128..127) and x4's values in
@@ -52,6 +54,12 @@ inline Codes low(Codes c) { return {_mm512_and_si512(c.v, _mm512_set1_epi8(0x0F)
 inline Codes high(Codes c) {
   return {_mm512_and_si512(_mm512_srli_epi16(c.v, 4), _mm512_set1_epi8(0x0F))};
 }
+// (a shift of 16-bit lanes: the mask drops the bits a byte took from its neighbour)
+inline Codes masked(Codes c, int shift, uint8_t mask) {
+  return {_mm512_and_si512(_mm512_srl_epi16(c.v, _mm_cvtsi32_si128(shift)),
+                           _mm512_set1_epi8(static_cast<char>(mask)))};
+}
+inline Codes either(Codes a, Codes b) { return {_mm512_or_si512(a.v, b.v)}; }
 inline Ints zero_ints() { return {_mm512_setzero_si512()}; }
 // acc + the dot products of unsigned bytes u with signed bytes s, four per int32 lane.
 inline Ints dot_bytes(Ints acc, __m512i u, __m512i s) {
@@ -113,6 +121,15 @@ inline Codes high(Codes c) {
   const __m256i mask = _mm256_set1_epi8(0x0F);
   return {{_mm256_and_si256(_mm256_srli_epi16(c.v[0], 4), mask),
            _mm256_and_si256(_mm256_srli_epi16(c.v[1], 4), mask)}};
+}
+inline Codes masked(Codes c, int shift, uint8_t mask) {
+  const __m256i bits = _mm256_set1_epi8(static_cast<char>(mask));
+  const __m128i count = _mm_cvtsi32_si128(shift);
+  return {{_mm256_and_si256(_mm256_srl_epi16(c.v[0], count), bits),
+           _mm256_and_si256(_mm256_srl_epi16(c.v[1], count), bits)}};
+}
+inline Codes either(Codes a, Codes b) {
+  return {{_mm256_or_si256(a.v[0], b.v[0]), _mm256_or_si256(a.v[1], b.v[1])}};
 }
 inline Ints zero_ints() { return {{_mm256_setzero_si256(), _mm256_setzero_si256()}}; }
 // acc + the dot products of unsigned bytes u with signed bytes s, four per int32 lane.
@@ -186,6 +203,15 @@ inline Codes low(Codes c) {
 inline Codes high(Codes c) {
   for (auto& v : c.v) v = vshrq_n_u8(v, 4);
   return c;
+}
+inline Codes masked(Codes c, int shift, uint8_t mask) {
+  const int8x16_t right = vdupq_n_s8(static_cast<int8_t>(-shift));
+  for (auto& v : c.v) v = vandq_u8(vshlq_u8(v, right), vdupq_n_u8(mask));
+  return c;
+}
+inline Codes either(Codes a, Codes b) {
+  for (int j = 0; j < 4; ++j) a.v[j] = vorrq_u8(a.v[j], b.v[j]);
+  return a;
 }
 inline Ints zero_ints() {
   return {{vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)}};
