@@ -43,8 +43,8 @@ __all__ = [
 
 MAX_ROWS = 8
 DTYPES = (torch.float32, torch.bfloat16)
-# multiplied by the op's own matmul (q4_kx16 by quant_linear's)
-FAST_QTYPES = BLOCKED_QTYPES - {"q4_kx16"}
+# multiplied by the op's own matmul (the K-quants' by quant_linear's)
+FAST_QTYPES = BLOCKED_QTYPES - {"q4_kx16", "q6_kx16"}
 
 
 @dataclass(frozen=True)

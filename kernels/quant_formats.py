@@ -11,13 +11,14 @@ weights as ggml blocks, byte for byte as a GGUF file stores them, so a GGUF tens
     q6_k 256 weights / 210 B: 128 B low nibbles | 64 B 2-bit highs | 16 x int8 scales | d f16
                               16 sub-blocks of 16: w = d * sc * (q - 32)
 
-q8_0x16, q4_0x16, q4_1x16 and q4_kx16 are q8_0, q4_0, q4_1 and q4_k interleaved by 16 rows
-(`interleave_rows`): the layout the CPU kernel's matvec reads at memory speed
-(kernels/cpu/interleaved_blocks.h, interleaved_q4k.h). Each group of 16 rows is contiguous,
-block after block: the 16 rows' code bytes of one block (q4: 16 nibble bytes, q8_0: 32 int8,
-q4_k: 128 nibble bytes) as chunks of 4 bytes per row (chunk-major), then their 16 d, then
-(q4_1) their 16 m or (q4_k) their 16 dmin and their 12 scale bytes as chunks of 4; rows past the
-last whole group stay in the plain layout. Same bytes per row as the plain format.
+q8_0x16, q4_0x16, q4_1x16, q4_kx16 and q6_kx16 are q8_0, q4_0, q4_1, q4_k and q6_k interleaved
+by 16 rows (`interleave_rows`): the layout the CPU kernel's matvec reads at memory speed
+(kernels/cpu/interleaved_blocks.h, interleaved_kquants.h). Each group of 16 rows is contiguous,
+block after block; a block's parts (`_BLOCK_PARTS`: q4: 16 nibble bytes, then d (and m); q8_0:
+32 int8, then d; q4_k: 128 nibble bytes, d, dmin, 12 scale bytes; q6_k: ql, qh, scales, d) each
+hold the 16 rows' bytes of that part as chunks of 4 (fp16 fields: 2) bytes per row,
+chunk-major; rows past the last whole group stay in the plain layout. Same bytes per row as the
+plain format.
 
 `dequantize` matches `gguf.quants.dequantize` bit for bit (same float32 operations in the same
 order); `quantize` matches `gguf.quants.quantize` for q8_0, q4_0 and q4_1.
@@ -54,7 +55,13 @@ FORMATS: dict[str, QuantFormat] = {
     )
 }
 # interleaved qtype -> its plain format (same blocks, rows interleaved by INTERLEAVE_ROWS)
-INTERLEAVED = {"q8_0x16": "q8_0", "q4_0x16": "q4_0", "q4_1x16": "q4_1", "q4_kx16": "q4_k"}
+INTERLEAVED = {
+    "q8_0x16": "q8_0",
+    "q4_0x16": "q4_0",
+    "q4_1x16": "q4_1",
+    "q4_kx16": "q4_k",
+    "q6_kx16": "q6_k",
+}
 INTERLEAVE_ROWS = 16
 QTYPES = (*FORMATS, *INTERLEAVED)
 # what `quantize` can produce from float weights
@@ -169,6 +176,7 @@ _BLOCK_PARTS = {
     "q4_0": ((2, 16, 4), (0, 2, 2)),  # codes, d
     "q4_1": ((4, 16, 4), (0, 4, 2)),  # codes, d and m
     "q4_k": ((16, 128, 4), (0, 4, 2), (4, 12, 4)),  # codes, d and dmin, scales
+    "q6_k": ((0, 128, 4), (128, 64, 4), (192, 16, 4), (208, 2, 2)),  # ql, qh, scales, d
 }
 
 
@@ -202,15 +210,17 @@ def _regroup(packed: torch.Tensor, plain: str, inverse: bool) -> torch.Tensor:
 
 
 def interleave_rows(packed: torch.Tensor, qtype: str) -> torch.Tensor:
-    """Packed q8_0, q4_0, q4_1 or q4_k rows [N, row_bytes] -> the same weight as `qtype`x16
-    (see above)."""
+    """Packed rows [N, row_bytes] of a plain qtype -> the same weight as `qtype`x16 (see
+    above)."""
     if qtype not in INTERLEAVED.values():
-        raise ValueError(f"only q8_0, q4_0, q4_1 and q4_k rows interleave, got {qtype!r}")
+        raise ValueError(
+            f"{qtype!r} rows do not interleave (only {', '.join(INTERLEAVED.values())})"
+        )
     return _regroup(packed, qtype, inverse=False)
 
 
 def interleaved_qtype(qtype: str) -> str:
-    """The interleaved qtype of plain q8_0 / q4_0 / q4_1 / q4_k ("q4_1" -> "q4_1x16")."""
+    """The interleaved qtype of a plain one ("q4_1" -> "q4_1x16")."""
     return next(name for name, plain in INTERLEAVED.items() if plain == qtype)
 
 

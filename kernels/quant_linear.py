@@ -12,10 +12,10 @@ dequantized weight with fp32 sums, rounded once to x's dtype: within fp32 summat
                                                   int8_activations rounded per block of 32 to
                                                   int8 and multiplied in int8 (the other paths
                                                   then take x rounded so, in fp32)
-    q8_0x16 q4_0x16 q4_1x16 q4_kx16, up to        the same blocks interleaved by 16 rows
-    MAX_BLOCKED_ROWS rows                         (quant_formats.py): one row per vector
-                                                  lane, otherwise as above (q4_kx16's rows
-                                                  past the last group: one padded group)
+    q8_0x16 q4_0x16 q4_1x16 q4_kx16 q6_kx16,      the same blocks interleaved by 16 rows
+    up to MAX_BLOCKED_ROWS rows                   (quant_formats.py): one row per vector
+                                                  lane, otherwise as above (the K-quants'
+                                                  rows past the last group: one padded group)
     q4_k q6_k, up to MAX_ROWS rows                the packed bytes streamed once for all rows
     more rows (prefill)                           a tile of weight rows that fits L2 decoded to
                                                   fp32, one sgemm per tile

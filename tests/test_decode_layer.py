@@ -46,7 +46,11 @@ KINDS = [
     "q4_1x16",
     "q8_0x16",
     "q4_kx16",
+    "q6_kx16",
 ]  # "": a float weight
+
+
+K_QUANTS = ("q4_k", "q6_k", "q4_kx16", "q6_kx16")  # K a multiple of 256
 
 
 def weight(kind: str, n: int, k: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
@@ -78,8 +82,8 @@ def test_linear_matches_the_reference(kind, dtype, int8):
 
 def test_a_projection_of_mixed_segments_concatenates_them():
     gen = torch.Generator().manual_seed(1)
-    kinds = ["q4_k", "q4_1", "q6_k", "q8_0", "q4_1x16", "q4_kx16"]
-    proj = projection(kinds, [32, 48, 16, 8, 40, 24], 256, torch.float32, gen)
+    kinds = ["q4_k", "q4_1", "q6_k", "q8_0", "q4_1x16", "q4_kx16", "q6_kx16"]
+    proj = projection(kinds, [32, 48, 16, 8, 40, 24, 19], 256, torch.float32, gen)
     x = torch.randn(2, 256, generator=gen)
     assert relative_error(decode_linear(x, proj), decode_linear_ref(x, proj)) < 2e-5
 
@@ -97,16 +101,14 @@ def attention_case(layout, kind: str, dtype, seq_lens: list[int], gen, int8: boo
     heads, kv_heads, head_dim, rotary_dim, bias, qk_norm, window = layout
     hidden = 128
     q_size, kv_size = heads * head_dim, kv_heads * head_dim
-    k_qkv = 256 if kind in ("q4_k", "q6_k", "q4_kx16") else hidden
+    k_qkv = 256 if kind in K_QUANTS else hidden
     hidden = k_qkv
     kinds = [kind]
     w = AttentionWeights(
         norm=(1 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype),
         eps=1e-6,
         qkv=projection(kinds, [q_size + 2 * kv_size], hidden, dtype, gen, bias=bias),
-        o=projection(
-            ["" if kind in ("q4_k", "q6_k", "q4_kx16") else kind], [hidden], q_size, dtype, gen
-        ),
+        o=projection(["" if kind in K_QUANTS else kind], [hidden], q_size, dtype, gen),
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,

@@ -54,13 +54,14 @@ def test_dequantize_matches_gguf_bit_for_bit(qtype):
 
 
 # Where the kernels read each part of a group's first block (interleaved_blocks.h,
-# interleaved_q4k.h): (offset in the group, first byte in the plain block, bytes, bytes per row
+# interleaved_kquants.h): (offset in the group, first byte in the plain block, bytes, bytes per row
 # in each chunk of 16 rows).
 GROUP_PARTS = {
     "q8_0": [(0, 2, 32, 4), (512, 0, 2, 2)],  # codes, d
     "q4_0": [(0, 2, 16, 4), (256, 0, 2, 2)],  # codes, d
     "q4_1": [(0, 4, 16, 4), (256, 0, 2, 2), (288, 2, 2, 2)],  # codes, d, m
     "q4_k": [(0, 16, 128, 4), (2048, 0, 2, 2), (2080, 2, 2, 2), (2112, 4, 12, 4)],
+    "q6_k": [(0, 0, 128, 4), (2048, 128, 64, 4), (3072, 192, 16, 4), (3328, 208, 2, 2)],
 }
 
 
@@ -90,9 +91,9 @@ def test_interleaved_rows_hold_the_same_weights(interleaved):
         assert torch.equal(select_rows(mixed, interleaved, ids), packed[ids])
 
 
-def test_only_q8_0_and_q4_rows_interleave():
-    with pytest.raises(ValueError, match="only q8_0, q4_0, q4_1 and q4_k rows interleave"):
-        interleave_rows(random_packed("q6_k", 16, 256), "q6_k")
+def test_only_known_plain_rows_interleave():
+    with pytest.raises(ValueError, match="'q4_1x16' rows do not interleave"):
+        interleave_rows(random_packed("q4_1", 16, 256), "q4_1x16")
 
 
 @pytest.mark.parametrize("qtype", QUANTIZE_QTYPES)

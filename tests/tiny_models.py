@@ -22,7 +22,8 @@ CORPUS = [
 
 def stored_qtype(layer: QuantLinear, qtype: str) -> str:
     """The qtype a loaded packed layer keeps `qtype` rows as: interleaved by 16 rows where its
-    impl reads them so (the CPU kernels: q8_0, q4_0, q4_1, q4_k), else `qtype`."""
+    impl reads them so (the CPU kernels: every plain type of quant_formats.INTERLEAVED), else
+    `qtype`."""
     return interleaved_qtype(qtype) if qtype in layer.impl.interleaved else qtype
 
 

@@ -58,8 +58,8 @@ void group_rows(const uint8_t* group, int64_t blocks, const X& x, float* sums);
 
 // The interleaved formats: the plain block format, where a group block's parts lie, and the
 // product of one group with M rows of x (`group`: sums[m * 16 + r], `blocks` blocks of 32 per
-// row). Rows past the last group are `Plain` blocks (kPlainTail; interleaved_q4k.h's format
-// leaves them to its caller).
+// row). Rows past the last group are `Plain` blocks (kPlainTail; interleaved_kquants.h's formats
+// leave them to their caller).
 template <bool kHasMin_>
 struct Q4Rows {
   using Plain = Q4<kHasMin_>;

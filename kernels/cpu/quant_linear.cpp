@@ -1,7 +1,7 @@
 // y = x @ W^T (+ bias) where W [N, K] stays packed as GGUF blocks (q8_0, q4_0, q4_1, q4_k, q6_k),
 // one row of blocks per output feature, byte for byte as in the file, or (q8_0x16, q4_0x16,
-// q4_1x16, q4_kx16) the same blocks interleaved by 16 rows (interleaved_blocks.h,
-// interleaved_q4k.h).
+// q4_1x16, q4_kx16, q6_kx16) the same blocks interleaved by 16 rows (interleaved_blocks.h,
+// interleaved_kquants.h).
 //
 //     q4_0 q4_1 q8_0, M <= 128  quant_blocks.h's packed_matmul: blocks decoded in registers,
 //                               tiles of 8 rows of x; batch invariant (each output's sum in one
@@ -11,7 +11,8 @@
 //                               other paths then multiply x rounded to that grid in fp32
 //     q?_?x16, M <= 128         interleaved_blocks.h's interleaved_matmul: one row per vector
 //                               lane, the same tiles, batch invariant, x in fp32 or int8
-//                               (q4_kx16: its rows past the last group as one padded group)
+//                               (q4_kx16, q6_kx16: their rows past the last group as one
+//                               zero-padded group)
 //     q4_k q6_k, M <= 8         each 256-weight block decoded to int8 q, a scale s and an
 //                               offset o per 16 weights (w = s q + o, as ggml) in an L1 scratch,
 //                               then acc[r][m] = fma(w_r, x[m, k:k+kLanes], acc[r][m])
@@ -34,7 +35,7 @@
 #include <cstdint>
 #include <string>
 
-#include "interleaved_q4k.h"
+#include "interleaved_kquants.h"
 
 namespace {
 
@@ -246,14 +247,14 @@ void sgemm(const at::Tensor& xf, const at::Tensor& packed, RowsDecoder decode,
   }
 }
 
-// -- q4_k interleaved by 16 rows (interleaved_q4k.h) -----------------------------------------
+// -- K-quants interleaved by 16 rows (interleaved_kquants.h) ---------------------------------
 
-// The q4_kx16 layout, as blocks::Interleaved for the 32-weight formats: whole groups by
-// interleaved_matmul; the rows past the last group (plain q4_k) interleaved into one zero-padded
-// group and run by the same kernel, so that every row takes one path whatever M is.
-struct Q4KInterleaved {
-  using Rows = blocks::Q4KRows;
-
+// The q4_kx16 / q6_kx16 layout (Rows; Fmt its plain super-block), as blocks::Interleaved for the
+// 32-weight formats: whole groups by interleaved_matmul; the rows past the last group (plain)
+// interleaved into one zero-padded group and run by the same kernel, so that every row takes
+// one path whatever M is.
+template <typename Rows, typename Fmt>
+struct KInterleaved {
   template <typename X, typename Out>
   static void matmul(const blocks::Packed& p, const X& x, int64_t m, const Out* bias, Out* y,
                      int64_t ldy) {
@@ -261,11 +262,10 @@ struct Q4KInterleaved {
     blocks::interleaved_matmul<Rows>({p.w, whole, p.k, p.row_bytes}, x, m, bias, y, ldy);
     if (rest == 0) return;
     std::vector<uint8_t> group(blocks::kGroupRows * p.row_bytes, 0);  // d = 0: zero rows
-    const int64_t supers = p.k / Q4_K::QK;
     for (int64_t r = 0; r < rest; ++r)
-      for (int64_t s = 0; s < supers; ++s)
-        blocks::move_q4k_row<false>(group.data() + s * Rows::kGroupBytes,
-                                    p.w + (whole + r) * p.row_bytes + s * Q4_K::kBytes, r);
+      for (int64_t s = 0; s < p.k / Fmt::QK; ++s)
+        blocks::move_row<Rows, false>(group.data() + s * Rows::kGroupBytes,
+                                      p.w + (whole + r) * p.row_bytes + s * Fmt::kBytes, r);
     std::vector<Out> group_bias(blocks::kGroupRows, Out(0.0f));
     if (bias) std::copy(bias + whole, bias + p.n, group_bias.begin());
     std::vector<Out> out(m * blocks::kGroupRows);
@@ -276,7 +276,7 @@ struct Q4KInterleaved {
       std::copy_n(out.data() + i * blocks::kGroupRows, rest, y + i * ldy + whole);
   }
 
-  // Each row put back in the file's layout, then decoded as plain q4_k.
+  // Each row put back in the file's layout, then decoded as plain Fmt.
   static void decode_rows(const blocks::Packed& p, int64_t begin, int64_t end, float* dst) {
     const int64_t whole = p.n / blocks::kGroupRows * blocks::kGroupRows;
     std::vector<uint8_t> plain(p.row_bytes);
@@ -284,15 +284,18 @@ struct Q4KInterleaved {
       const uint8_t* row = p.w + r * p.row_bytes;
       if (r < whole) {
         const uint8_t* group = p.w + r / blocks::kGroupRows * blocks::kGroupRows * p.row_bytes;
-        for (int64_t s = 0; s < p.k / Q4_K::QK; ++s)
-          blocks::move_q4k_row<true>(group + s * Rows::kGroupBytes,
-                                     plain.data() + s * Q4_K::kBytes, r % blocks::kGroupRows);
+        for (int64_t s = 0; s < p.k / Fmt::QK; ++s)
+          blocks::move_row<Rows, true>(group + s * Rows::kGroupBytes,
+                                       plain.data() + s * Fmt::kBytes, r % blocks::kGroupRows);
         row = plain.data();
       }
-      dequantize_row<Q4_K>(row, p.k, dst + (r - begin) * p.k);
+      dequantize_row<Fmt>(row, p.k, dst + (r - begin) * p.k);
     }
   }
 };
+
+using Q4KInterleaved = KInterleaved<blocks::Q4KRows, Q4_K>;
+using Q6KInterleaved = KInterleaved<blocks::Q6KRows, Q6_K>;
 
 // -- the op ----------------------------------------------------------------------------------
 
@@ -398,11 +401,12 @@ void quant_linear(const at::Tensor& x, const at::Tensor& packed, const std::stri
   RADIXFLOW_QTYPE("q4_1x16", blocks::Interleaved<blocks::Q4Rows<true>>, blocks::Q4<true>,
                   blocks::kBlock, run_blocks)
   RADIXFLOW_QTYPE("q4_kx16", Q4KInterleaved, Q4_K, Q4_K::QK, run_blocks)
+  RADIXFLOW_QTYPE("q6_kx16", Q6KInterleaved, Q6_K, Q6_K::QK, run_blocks)
   RADIXFLOW_QTYPE("q4_k", Q4_K, Q4_K, Q4_K::QK, run_kquant)
   RADIXFLOW_QTYPE("q6_k", Q6_K, Q6_K, Q6_K::QK, run_kquant)
 #undef RADIXFLOW_QTYPE
   TORCH_CHECK(false, "unknown qtype ", qtype,
-              "; expected q8_0, q4_0, q4_1, q8_0x16, q4_0x16, q4_1x16, q4_kx16, q4_k or q6_k");
+              "; expected q8_0, q4_0, q4_1, q8_0x16, q4_0x16, q4_1x16, q4_kx16, q6_kx16, q4_k or q6_k");
 }
 
 }  // namespace

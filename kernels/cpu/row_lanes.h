@@ -1,5 +1,5 @@
-// Sixteen weight rows side by side, one row per lane: the primitives of the interleaved 4-bit
-// matmul (interleaved_blocks.h), in namespace radixflow_cpu::rows16:
+// Sixteen weight rows side by side, one row per lane: the primitives of the interleaved
+// matmuls (interleaved_blocks.h, interleaved_kquants.h), in namespace radixflow_cpu::rows16:
 //
 //     Codes                 64 bytes: 4 consecutive bytes of each of 16 rows (row r's at 4r)
 //     Ints                  16 int32 lanes, one per row
@@ -7,7 +7,9 @@
 //     load_codes(p)         64 bytes
 //     low(c) high(c)        their low / high nibbles (0..15), in place of each byte
 //     masked(c, s, mask)    (byte >> s) & mask for each byte (s < 8)
+//     raised(c, s, mask)    (byte << s) & mask for each byte (s < 8)
 //     either(a, b)          a | b, byte by byte
+//     minus(c, v)           byte - v, byte by byte (wrapping)
 //     dot4(acc, c, x4)      acc + in each lane the dot product of its 4 codes (0..15) with the
 //                           4 int8 values packed in x4 (exact in int32)
 //     dot4_signed(acc, c, x4)   the same for int8 codes (-128..127) and x4's values in
@@ -60,6 +62,13 @@ inline Codes masked(Codes c, int shift, uint8_t mask) {
                            _mm512_set1_epi8(static_cast<char>(mask)))};
 }
 inline Codes either(Codes a, Codes b) { return {_mm512_or_si512(a.v, b.v)}; }
+inline Codes raised(Codes c, int shift, uint8_t mask) {
+  return {_mm512_and_si512(_mm512_sll_epi16(c.v, _mm_cvtsi32_si128(shift)),
+                           _mm512_set1_epi8(static_cast<char>(mask)))};
+}
+inline Codes minus(Codes c, uint8_t v) {
+  return {_mm512_sub_epi8(c.v, _mm512_set1_epi8(static_cast<char>(v)))};
+}
 inline Ints zero_ints() { return {_mm512_setzero_si512()}; }
 // acc + the dot products of unsigned bytes u with signed bytes s, four per int32 lane.
 inline Ints dot_bytes(Ints acc, __m512i u, __m512i s) {
@@ -130,6 +139,16 @@ inline Codes masked(Codes c, int shift, uint8_t mask) {
 }
 inline Codes either(Codes a, Codes b) {
   return {{_mm256_or_si256(a.v[0], b.v[0]), _mm256_or_si256(a.v[1], b.v[1])}};
+}
+inline Codes raised(Codes c, int shift, uint8_t mask) {
+  const __m256i bits = _mm256_set1_epi8(static_cast<char>(mask));
+  const __m128i count = _mm_cvtsi32_si128(shift);
+  return {{_mm256_and_si256(_mm256_sll_epi16(c.v[0], count), bits),
+           _mm256_and_si256(_mm256_sll_epi16(c.v[1], count), bits)}};
+}
+inline Codes minus(Codes c, uint8_t v) {
+  const __m256i value = _mm256_set1_epi8(static_cast<char>(v));
+  return {{_mm256_sub_epi8(c.v[0], value), _mm256_sub_epi8(c.v[1], value)}};
 }
 inline Ints zero_ints() { return {{_mm256_setzero_si256(), _mm256_setzero_si256()}}; }
 // acc + the dot products of unsigned bytes u with signed bytes s, four per int32 lane.
@@ -212,6 +231,15 @@ inline Codes masked(Codes c, int shift, uint8_t mask) {
 inline Codes either(Codes a, Codes b) {
   for (int j = 0; j < 4; ++j) a.v[j] = vorrq_u8(a.v[j], b.v[j]);
   return a;
+}
+inline Codes raised(Codes c, int shift, uint8_t mask) {
+  const int8x16_t left = vdupq_n_s8(static_cast<int8_t>(shift));
+  for (auto& v : c.v) v = vandq_u8(vshlq_u8(v, left), vdupq_n_u8(mask));
+  return c;
+}
+inline Codes minus(Codes c, uint8_t v) {
+  for (auto& x : c.v) x = vsubq_u8(x, vdupq_n_u8(v));
+  return c;
 }
 inline Ints zero_ints() {
   return {{vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)}};
