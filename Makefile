@@ -61,13 +61,17 @@ bench: install
 # source that PyPI's llama-cpp-python sdist vendors (static, this CPU's instruction set).
 LLAMA_CPP_PKG := llama-cpp-python==0.3.36
 LLAMA_SRC := build/llama-src
+# Without ggml's AMX matmul unless LLAMA_CPP_AMX=1: on a VM reporting AMX (2026-12-05) it
+# segfaulted at the first multiplication (gdb: ggml_backend_amx_mul_mat), for every model.
+LLAMA_CPP_FLAGS := $(if $(LLAMA_CPP_AMX),,-U__AMX_INT8__)
 $(LLAMA_DIR)/bin/llama-server: $(VENV)/.torch
 	rm -rf $(LLAMA_SRC) && mkdir -p $(LLAMA_SRC)
 	$(PIP) download --quiet --no-deps --no-binary :all: $(LLAMA_CPP_PKG) -d $(LLAMA_SRC)
 	tar -xzf $(LLAMA_SRC)/*.tar.gz -C $(LLAMA_SRC)
 	cmake -S $(LLAMA_SRC)/llama_cpp_python-*/vendor/llama.cpp -B $(LLAMA_DIR) \
 		-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+		-DCMAKE_C_FLAGS="$(LLAMA_CPP_FLAGS)" -DCMAKE_CXX_FLAGS="$(LLAMA_CPP_FLAGS)"
 	cmake --build $(LLAMA_DIR) -j $(shell nproc) --target llama-server llama-bench
 
 llama-cpp: $(LLAMA_DIR)/bin/llama-server

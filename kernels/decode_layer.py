@@ -183,6 +183,14 @@ class DecodeLayers:
     def __len__(self) -> int:
         return int(self._native.num_layers())
 
+    def warm_first(self) -> None:
+        """Start pulling the first layer's weights towards the caches on a helper thread, to
+        overlap single-threaded work before the next `forward` (the sampler, the engine's
+        bookkeeping) with memory traffic; the next parallel matmul stops it. Within `forward`
+        the layers do the same before each stretch of single-threaded work (attention, norms).
+        """
+        self._native.warm_first()
+
     def forward(
         self,
         x: torch.Tensor,

@@ -24,8 +24,8 @@ plain format.
 order); `quantize` matches `gguf.quants.quantize` for q8_0, q4_0 and q4_1.
 
 The CPU kernel's batch-invariant matmul (kernels/cpu/quant_blocks.h) runs `BLOCKED_QTYPES` for
-up to `MAX_BLOCKED_ROWS` rows of x; with int8 activations x is rounded per block of 32 as
-`quantize_activations` rounds it, and that matmul multiplies in int8.
+up to `MAX_BLOCKED_ROWS` rows of fp32 x; with int8 activations x is rounded per block of 32 as
+`quantize_activations` rounds it, and that matmul multiplies in int8, at any number of rows.
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ QTYPES = (*FORMATS, *INTERLEAVED)
 QUANTIZE_QTYPES = ("q8_0", "q4_0", "q4_1")
 # run by the batch-invariant kernels
 BLOCKED_QTYPES = frozenset({"q4_0", "q4_1", "q8_0", *INTERLEAVED})
-MAX_BLOCKED_ROWS = 128  # rows of x it takes (quant_linear.cpp kMaxBlockedRows): every decode
-# batch up to the default max_running_requests
+# rows of fp32 x they take (quant_linear.cpp kMaxBlockedRows): every decode batch up to the
+# default max_running_requests; x in int8 they take at any number of rows
+MAX_BLOCKED_ROWS = 128
 ACTIVATION_BLOCK = 32  # values of x sharing one int8 scale
 
 

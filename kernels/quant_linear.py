@@ -8,20 +8,25 @@ dequantized weight with fp32 sums, rounded once to x's dtype: within fp32 summat
 (relative ~1e-6) for float32 x, one bf16 rounding (2^-8 relative) for bfloat16 x.
 
     q4_0 q4_1 q8_0, up to MAX_BLOCKED_ROWS rows   register-blocked, tiles of 8 rows of x;
-                                                  batch invariant (below); x in fp32, or with
+    (any number with int8_activations)            batch invariant (below); x in fp32, or with
                                                   int8_activations rounded per block of 32 to
                                                   int8 and multiplied in int8 (the other paths
                                                   then take x rounded so, in fp32)
     q8_0x16 q4_0x16 q4_1x16 q4_kx16 q6_kx16,      the same blocks interleaved by 16 rows
-    up to MAX_BLOCKED_ROWS rows                   (quant_formats.py): one row per vector
+    as many rows as above                         (quant_formats.py): one row per vector
                                                   lane, otherwise as above (the K-quants'
                                                   rows past the last group: one padded group)
     q4_k q6_k, up to MAX_ROWS rows                the packed bytes streamed once for all rows
-    more rows (prefill)                           a tile of weight rows that fits L2 decoded to
+    more rows (prefill in fp32)                   a tile of weight rows that fits L2 decoded to
                                                   fp32, one sgemm per tile
 
+With int8 activations the blocked kernels take prefill chunks of any length: multiplying in
+int8 outruns the fp32 sgemm there (2.2x for q4_kx16, 2.6x for q4_1x16 at 512 rows; docs/
+benchmarks.md).
+
 Batch invariant: for q4_0, q4_1, q8_0 and their interleaved forms with up to `MAX_BLOCKED_ROWS`
-rows, each output is summed in one fixed order whatever the number of rows, by the kernels the
+rows (any number with int8 activations), each output is summed in one fixed order whatever the
+number of rows, by the kernels the
 fused decode ops (kernels/decode_layer.py) run too; a row of x gives the same bits alone, in a
 batch of 40 or through `decode_linear`, so a request's tokens do not depend on the requests
 batched with it.
@@ -69,8 +74,8 @@ def quant_linear(
     x [M, K] (M may be 0), bias [N] and out share one dtype, float32 or bfloat16, on the CPU; x and
     out need only a contiguous last dim. `int8_activations`: x is rounded per block of 32 to
     int8 (`quant_formats.quantize_activations`), as llama.cpp's q8 activations; the blocked
-    qtypes with up to MAX_BLOCKED_ROWS rows then multiply in int8 (faster), the other paths
-    multiply the rounded x in fp32, so that every path gives one result.
+    qtypes then multiply in int8 (faster) at any number of rows, the K-quants' plain layout
+    multiplies the rounded x in fp32, so that every path gives one result.
     """
     if not quant_linear_available():
         raise RuntimeError("the CPU quantized linear kernel is not available on this machine")

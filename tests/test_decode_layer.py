@@ -6,6 +6,8 @@ bad arguments raise errors that name them."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -248,6 +250,7 @@ def test_bound_layers_give_the_sublayer_ops_bits(kind, dtype):
     assert len(stack) == 3
     step = layers[0][3]
     stacked_x = x.clone()
+    stack.warm_first()  # prefetches only: the bits stay the ops'
     got, got_residual = stack.forward(
         stacked_x, cos_sin, k_buffers, v_buffers, step.out_cache_loc, step.req_to_token,
         step.req_pool_indices, step.seq_lens,
@@ -256,6 +259,28 @@ def test_bound_layers_give_the_sublayer_ops_bits(kind, dtype):
     assert got_residual.data_ptr() == stacked_x.data_ptr()  # x became the residual stream
     for ours, theirs in zip(k_buffers + v_buffers, ops_k + ops_v, strict=True):
         assert torch.equal(ours, theirs)
+
+
+def test_a_warm_over_weights_freed_meanwhile_cannot_fault():
+    """warm_first has a helper thread pull the first layer's weights towards the caches until
+    the next parallel matmul; weights freed meanwhile (a model dropped) are only prefetched,
+    never read, and the pool goes on working."""
+    gen = torch.Generator().manual_seed(3)
+    layers, k_buffers, v_buffers, cos_sin, x = stack_case("q8_0", torch.float32, False, gen)
+    w, mlp, _, step = layers[0]
+    hidden = w.norm.shape[0]
+    # past glibc's largest mmap threshold (32 MiB): freeing it unmaps it
+    wide = MlpWeights(mlp.norm, mlp.eps, projection(["q8_0"], [2**18], hidden, torch.float32, gen),
+                      projection(["q8_0"], [hidden], 2**17, torch.float32, gen))  # fmt: skip
+    stack = DecodeLayers([(w, wide, 0)])
+    args = (step.out_cache_loc, step.req_to_token, step.req_pool_indices, step.seq_lens)
+    stack.forward(x.clone(), cos_sin, k_buffers, v_buffers, *args)  # the helpers start
+    stack.warm_first()
+    del stack, wide
+    time.sleep(0.05)
+    proj = projection(["q8_0"], [64], hidden, torch.float32, gen)
+    got = decode_linear(x, proj)
+    assert relative_error(got, decode_linear_ref(x, proj)) < TOLERANCE[torch.float32]
 
 
 def test_bound_layers_reject_bad_layers_and_steps():

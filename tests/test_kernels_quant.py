@@ -84,17 +84,20 @@ def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(qtype, dtype, int
     # continuous batching must not change a request's tokens: its row of x gives the same
     # output alone, in batches of any size (full tiles of 8 rows and a ragged one) and through
     # the fused decode op; N = 193 leaves a ragged step of packed rows
+    # with int8 activations at any number of rows: prefill chunks past MAX_BLOCKED_ROWS, in
+    # slabs of rows (1 MiB of int8 x: 682 rows at this K) too
     n, k = 193, 1536
     packed, _ = weight(qtype, n, k)
     gen = torch.Generator().manual_seed(5)
-    x = torch.randn(MAX_BLOCKED_ROWS, k, generator=gen).to(dtype)
+    sizes = (2, 5, 8, 16, 40, MAX_BLOCKED_ROWS) + ((MAX_BLOCKED_ROWS + 1, 700) if int8 else ())
+    x = torch.randn(max(sizes), k, generator=gen).to(dtype)
     bias = torch.randn(n, generator=gen).to(dtype)
 
     def run(rows: torch.Tensor) -> torch.Tensor:
         return quant_linear(rows, packed, qtype, k, bias, int8_activations=int8)
 
     alone = torch.cat([run(x[i : i + 1]) for i in range(len(x))])
-    for rows in (2, 5, 8, 16, 40, MAX_BLOCKED_ROWS):
+    for rows in sizes:
         assert torch.equal(run(x[:rows]), alone[:rows]), rows
         assert torch.equal(run(x[-rows:]), alone[-rows:]), rows
     for rows in (1, 5, 8):
@@ -126,14 +129,14 @@ def test_int8_activations_multiply_x_on_its_int8_grid(qtype, dtype):
             assert relative_error(got, F.linear(x.double(), w.double(), bias.double())) > 1e-4
 
 
-@pytest.mark.parametrize("qtype", QTYPES)
-def test_int8_activations_round_x_on_the_fp32_paths_too(qtype):
-    # prefill past MAX_BLOCKED_ROWS (the sgemm) and the K-quants' matvec multiply in fp32: with
+@pytest.mark.parametrize("rows", [3, MAX_ROWS + 1])
+@pytest.mark.parametrize("qtype", sorted(set(QTYPES) - BLOCKED_QTYPES))
+def test_int8_activations_round_x_on_the_fp32_paths_too(qtype, rows):
+    # the plain K-quants multiply in fp32 (their matvec, and the sgemm past MAX_ROWS): with
     # int8 activations they take x on its int8 grid, bit for bit as quantize_activations
     # rounds it, so that a prompt's logits do not depend on which path its rows took
     k = BLOCK[qtype] * 2
     packed, _ = weight(qtype, 24, k)
-    rows = MAX_BLOCKED_ROWS + 1 if qtype in BLOCKED_QTYPES else 3
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(2))
     rounded = quant_linear(quantize_activations(x), packed, qtype, k)
     assert torch.equal(quant_linear(x, packed, qtype, k, int8_activations=True), rounded)

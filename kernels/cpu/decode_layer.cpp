@@ -24,6 +24,9 @@
 //
 // These are the kernels quant_linear runs for these formats too, so a row's result is the
 // same bits through either op and whatever the number of rows (quant_blocks.h).
+//
+// Before each stretch of single-threaded work the next projection's weights are warmed: a
+// helper of the work pool prefetches them meanwhile (work_pool.h `warm`).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
@@ -37,6 +40,7 @@
 #include <vector>
 
 #include "interleaved_blocks.h"
+#include "work_pool.h"
 
 namespace blocks = radixflow_cpu::blocks;
 
@@ -293,9 +297,22 @@ struct StepKV {
   const at::Tensor& seq_lens;
 };
 
+// Starts pulling these projections' weight segments, in order, towards the caches on a helper
+// thread while the caller works alone, until the next matmul (work_pool.h). Each sublayer warms
+// the projection after each stretch of single-threaded work (norms, rotary, attention,
+// SiLU-and-mul), and `then`, the projection that follows its last (nullptr: none known).
+void warm(std::initializer_list<const std::vector<at::Tensor>*> projections) {
+  std::vector<radixflow_cpu::WorkPool::Range> ranges;
+  for (const std::vector<at::Tensor>* p : projections)
+    if (p != nullptr)
+      for (const at::Tensor& w : *p) ranges.emplace_back(w.data_ptr(), w.nbytes());
+  radixflow_cpu::WorkPool::instance().warm(ranges);
+}
+
 void attention_sublayer(const AttentionLayer& w, const at::Tensor& x,
                         const std::optional<at::Tensor>& residual, const at::Tensor& cos_sin,
-                        int64_t rotary_dim, const StepKV& kv, const at::Tensor& out) {
+                        int64_t rotary_dim, const StepKV& kv, const at::Tensor& out,
+                        const std::vector<at::Tensor>* then = nullptr) {
   const int64_t tokens = x.size(0), hidden = x.size(1);
   const int64_t q_size = w.num_heads * w.head_dim, kv_size = w.num_kv_heads * w.head_dim;
   check_rows(out, "out", tokens, hidden, x.scalar_type());
@@ -311,6 +328,7 @@ void attention_sublayer(const AttentionLayer& w, const at::Tensor& x,
   const at::Tensor h = input_norm(x, residual, w.norm, w.eps);
   const at::Tensor qkv = at::empty({tokens, q_size + 2 * kv_size}, x.options());
   project(h, w.qkv, w.qkv_qtypes, w.qkv_bias, qkv, w.int8_activations);
+  warm({&w.o, then});
   at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, w.num_heads, w.head_dim});
   at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, w.num_kv_heads, w.head_dim});
   const at::Tensor v =
@@ -355,15 +373,19 @@ struct MlpLayer {
 };
 
 void mlp_sublayer(const MlpLayer& w, int64_t gate_up_rows, const at::Tensor& x,
-                  const at::Tensor& residual, const at::Tensor& out) {
+                  const at::Tensor& residual, const at::Tensor& out,
+                  const std::vector<at::Tensor>* then = nullptr) {
   const int64_t tokens = x.size(0);
   check_rows(out, "out", tokens, x.size(1), x.scalar_type());
+  warm({&w.gate_up});
   const at::Tensor h = input_norm(x, residual, w.norm, w.eps);
   const at::Tensor gate_up = at::empty({tokens, gate_up_rows}, x.options());
   project(h, w.gate_up, w.gate_up_qtypes, std::nullopt, gate_up, w.int8_activations);
+  warm({&w.down, then});
   const at::Tensor act = at::empty({tokens, gate_up_rows / 2}, x.options());
   silu_and_mul(gate_up, act);
   project(act, w.down, w.down_qtypes, std::nullopt, out, w.int8_activations);
+  warm({then});
 }
 
 void decode_linear(const at::Tensor& x, at::TensorList weights, std::vector<std::string> qtypes,
@@ -463,6 +485,14 @@ class DecodeLayers : public torch::CustomClassHolder {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
+  // Starts pulling the first layer's weights towards the caches while the caller goes on
+  // alone (sampling, the engine's bookkeeping) until the next forward's first matmul.
+  void warm_first() const {
+    if (layers_.empty()) return;
+    const Layer& first = layers_.front();
+    warm({&first.attention.qkv, &first.attention.o, &first.mlp.gate_up, &first.mlp.down});
+  }
+
   // x [tokens, hidden] (the embeddings) through every layer: (the last MLP's output, the
   // residual stream without it), as decode_block.py's loop returns them. x becomes the
   // residual stream (updated in place), as there.
@@ -477,15 +507,19 @@ class DecodeLayers : public torch::CustomClassHolder {
     const int64_t rotary_dim = cos_sin.size(1);
     std::optional<at::Tensor> residual;
     at::Tensor attn = at::empty_like(x), next = at::empty_like(x);
-    for (const Layer& layer : layers_) {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& layer = layers_[i];
+      const Layer* following = i + 1 < layers_.size() ? &layers_[i + 1] : nullptr;
       TORCH_CHECK(layer.kv_index < static_cast<int64_t>(k_buffers.size()) &&
                       layer.kv_index < static_cast<int64_t>(v_buffers.size()),
                   "no K/V buffer at index ", layer.kv_index);
       const StepKV kv{k_buffers[layer.kv_index], v_buffers[layer.kv_index], out_cache_loc,
                       req_to_token,              req_pool_indices,          seq_lens};
-      attention_sublayer(layer.attention, x, residual, cos_sin, rotary_dim, kv, attn);
+      attention_sublayer(layer.attention, x, residual, cos_sin, rotary_dim, kv, attn,
+                         &layer.mlp.gate_up);
       if (!residual) residual = x;
-      mlp_sublayer(layer.mlp, layer.gate_up_rows, attn, *residual, next);
+      mlp_sublayer(layer.mlp, layer.gate_up_rows, attn, *residual, next,
+                   following ? &following->attention.qkv : nullptr);
       std::swap(x, next);
       // after the first layer `next` is the input, now the residual stream: not a scratch
       if (next.is_same(*residual)) next = at::empty_like(x);
@@ -530,6 +564,7 @@ TORCH_LIBRARY_FRAGMENT(radixflow_cpu, m) {
       .def(torch::init<>())
       .def("add_layer", &DecodeLayers::add_layer)
       .def("num_layers", &DecodeLayers::num_layers)
+      .def("warm_first", &DecodeLayers::warm_first)
       .def("forward", &DecodeLayers::forward);
 }
 

@@ -4,19 +4,21 @@
 // interleaved_kquants.h).
 //
 //     q4_0 q4_1 q8_0, M <= 128  quant_blocks.h's packed_matmul: blocks decoded in registers,
+//     (any M with int8 x)
 //                               tiles of 8 rows of x; batch invariant (each output's sum in one
 //                               order whatever M), the same kernel as decode_layer.cpp's; with
 //                               int8_activations x is first quantized per block of 32 and the
 //                               blocks multiplied in int8 (llama.cpp's q8 activations); the
 //                               other paths then multiply x rounded to that grid in fp32
-//     q?_?x16, M <= 128         interleaved_blocks.h's interleaved_matmul: one row per vector
+//     q?_?x16, M as above       interleaved_blocks.h's interleaved_matmul: one row per vector
 //                               lane, the same tiles, batch invariant, x in fp32 or int8
 //                               (q4_kx16, q6_kx16: their rows past the last group as one
 //                               zero-padded group)
 //     q4_k q6_k, M <= 8         each 256-weight block decoded to int8 q, a scale s and an
 //                               offset o per 16 weights (w = s q + o, as ggml) in an L1 scratch,
 //                               then acc[r][m] = fma(w_r, x[m, k:k+kLanes], acc[r][m])
-//     more rows (prefill)       a tile of rows that fits L2 decoded to fp32, one sgemm per tile
+//     more rows of fp32 x       a tile of rows that fits L2 decoded to fp32, one sgemm per tile
+//     (prefill)                 (with int8 x the blocked kernels above are 2-2.6x faster there)
 //
 // The weights are exact in fp32 (gguf's own dequantize, up to one rounding of s q + o, which is
 // fused here); sums are fp32, so the result is F.linear on the dequantized weight (and on x's
@@ -51,7 +53,8 @@ constexpr int kMaxRows = 8;  // K-quants: rows of x taken by the matvec; more go
 // q4_0, q4_1, q8_0: rows of x taken by blocks::packed_matmul, which is batch invariant: every
 // decode batch up to the default max_running_requests (measured faster than the sgemm there,
 // docs/benchmarks.md)
-constexpr int64_t kMaxBlockedRows = 128;
+constexpr int64_t kMaxBlockedRows = 128;  // with x in fp32; with x in int8 every M (below)
+constexpr int64_t kSlabBytes = 1 << 20;
 
 // fp16 d, fp16 dmin, 12 bytes of 6-bit (scale, min) pairs for 8 sub-blocks of 32, then 128
 // bytes: each 32-byte run holds sub-block 2j in its low and 2j + 1 in its high nibbles.
@@ -328,13 +331,20 @@ template <typename Layout>
 void run_blocks(const at::Tensor& x, const at::Tensor& packed,
                 const std::optional<at::Tensor>& bias, const at::Tensor& out, bool int8_x) {
   const int64_t m = x.size(0), k = x.size(1);
-  if (m > kMaxBlockedRows)
+  if (m > kMaxBlockedRows && !int8_x)
     return sgemm(float_rows(x, int8_x), packed, &Layout::decode_rows, bias, out);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const blocks::Packed p{packed.data_ptr<uint8_t>(), packed.size(0), k, packed.size(1)};
   if (int8_x) {
     const blocks::QuantizedRows xq(xf.data_ptr<float>(), m, k);
-    return multiply_blocks<Layout>(xq.view(), m, p, bias, out);
+    // slabs of rows whose int8 x (about kSlabBytes) stays in L2 while every weight group runs
+    // over it; each row's sums are the same whatever slab it falls in
+    const int64_t slab = std::max<int64_t>(blocks::kTileRows, kSlabBytes / k);
+    for (int64_t m0 = 0; m0 < m; m0 += slab) {
+      const int64_t rows = std::min(slab, m - m0);
+      multiply_blocks<Layout>(xq.view().from(m0), rows, p, bias, out.narrow(0, m0, rows));
+    }
+    return;
   }
   multiply_blocks<Layout>(blocks::FloatX{xf.data_ptr<float>(), k}, m, p, bias, out);
 }

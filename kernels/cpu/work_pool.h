@@ -3,6 +3,8 @@
 //
 //     parallel_chunks(count, fn)   fn(i) for every i in [0, count), each exactly once, on the
 //                                  calling thread and up to at::get_num_threads() - 1 helpers
+//     WorkPool::instance().warm(ranges)
+//                                  the first helper prefetches these bytes until the next job
 //
 // The chunks are cut into one contiguous part per participant (the caller and the helpers
 // the call may use); each claims its own part's chunks front to back, then takes what is left
@@ -18,6 +20,11 @@
 // Here the others take a late helper's part, and a helper that finds every part empty goes
 // back to waiting; the result never depends on which thread ran a chunk.
 //
+// Between a decode step's matmuls the caller works alone (attention, norms, the sampler) and
+// memory sits idle; `warm` puts the idle helper to pulling the next matmul's weights into its
+// caches meanwhile, so that the matmul reads part of them from L2/L3 (batch-1 decode of the
+// default model: 1.14x, median of 8 alternations in one process).
+//
 // Helpers spin for kSpinMicros after a job (the next projection follows within microseconds),
 // then sleep on a condition variable. One job runs at a time: a call made while another is
 // running, or from inside a chunk, runs its chunks on the calling thread alone.
@@ -30,6 +37,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -43,6 +51,7 @@ namespace radixflow_cpu {
 class WorkPool {
  public:
   using Chunk = std::function<void(int64_t)>;
+  using Range = std::pair<const void*, size_t>;
 
   static WorkPool& instance() {
     static WorkPool* pool = new WorkPool();  // never destroyed: helpers are detached
@@ -74,9 +83,33 @@ class WorkPool {
     while (busy_.load() != 0) pause();
   }
 
+  // Pulls `ranges` (pointer, bytes) towards the caches on the first helper while the caller
+  // works alone (a decode step's attention, norms and hand-offs between its matmuls, when
+  // memory would otherwise sit idle), in order, until the next job starts. Only prefetch
+  // instructions touch them (a range freed meanwhile cannot fault).
+  void warm(const std::vector<Range>& ranges) {
+    if (at::get_num_threads() < 2 || in_chunk_ || threads_.load() == 0) return;
+    int n = 0;
+    for (const Range& r : ranges) {
+      if (n == kMaxWarmRanges) break;
+      warm_begin_[n].store(reinterpret_cast<uintptr_t>(r.first), std::memory_order_relaxed);
+      warm_end_[n].store(reinterpret_cast<uintptr_t>(r.first) + r.second,
+                         std::memory_order_relaxed);
+      ++n;
+    }
+    warm_count_.store(n);
+    {
+      std::lock_guard<std::mutex> lock(sleep_mutex_);
+      epoch_.fetch_add(1);
+    }
+    if (sleeping_.load() > 0) wake_.notify_all();
+  }
+
  private:
   static constexpr int64_t kSpinMicros = 100;
   static constexpr int kMaxParticipants = 64;
+  static constexpr int kMaxWarmRanges = 8;
+  static constexpr uintptr_t kLine = 64, kPage = 4096;
 
   // One call's chunks; its counters are its own, so a late helper can only claim chunks of
   // the job it read. Part p holds chunks [p count / P, (p + 1) count / P); its unclaimed ones
@@ -167,7 +200,29 @@ class WorkPool {
       Job* job = current_.load();
       if (job != nullptr && index + 1 < job->participants) claim(*job, index + 1);
       busy_.fetch_sub(1);
+      if (job == nullptr && index == 0) warm_until_next(seen);
     }
+  }
+
+  // The ranges of the last warm(), a page at a time, until another epoch begins.
+  void warm_until_next(uint64_t seen) {
+    const int n = warm_count_.exchange(0);
+    for (int i = 0; i < n; ++i) {
+      const uintptr_t end = warm_end_[i].load(std::memory_order_relaxed);
+      for (uintptr_t p = warm_begin_[i].load(std::memory_order_relaxed); p < end;) {
+        if (epoch_.load(std::memory_order_relaxed) != seen) return;
+        for (const uintptr_t page_end = std::min(end, p + kPage); p < page_end; p += kLine)
+          prefetch(reinterpret_cast<const void*>(p));
+      }
+    }
+  }
+
+  static void prefetch(const void* p) {
+#if defined(__x86_64__)
+    _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1);
+#else
+    __builtin_prefetch(p, 0, 2);
+#endif
   }
 
   std::mutex caller_mutex_;  // one job at a time
@@ -177,6 +232,9 @@ class WorkPool {
   std::atomic<Job*> current_{nullptr};
   std::atomic<int> sleeping_{0}, busy_{0};
   std::atomic<size_t> threads_{0};
+  // the last warm() (atomic so that a helper reading while it is rewritten is no data race)
+  std::atomic<uintptr_t> warm_begin_[kMaxWarmRanges], warm_end_[kMaxWarmRanges];
+  std::atomic<int> warm_count_{0};
   static inline thread_local bool in_chunk_ = false;
 };
 

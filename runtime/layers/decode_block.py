@@ -125,6 +125,12 @@ class DecodeStack:
         assert residual is not None  # the model has at least one layer
         return x, residual
 
+    def warm(self) -> None:
+        """After a fused step's logits: have a helper thread pull the first layer's weights
+        towards the caches while this thread samples and does the engine's bookkeeping."""
+        if self._native is not None:
+            self._native.warm_first()
+
     def _bind(self) -> list[_Layer]:
         self._bound = [_bind_layer(module) for module in self.layers]
         if all(layer.tp.size == 1 for layer in self._bound):

@@ -298,7 +298,8 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
-        if self.decode_stack.applies(batch):  # runtime/layers/decode_block.py
+        fused = self.decode_stack.applies(batch)  # runtime/layers/decode_block.py
+        if fused:
             x, residual = self.decode_stack.forward(x, batch)
         else:
             rotate = self.rotary.rotation(batch.positions, x.dtype)
@@ -307,7 +308,10 @@ class LlamaForCausalLM(nn.Module):
                 x, residual = layer(x, residual, rotate, batch)
         rows = batch.logits_indices
         x, _ = self.norm.add_forward(x.index_select(0, rows), residual.index_select(0, rows))
-        return self.logits(x).float()
+        logits = self.logits(x).float()
+        if fused:
+            self.decode_stack.warm()
+        return logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | PackedWeight]]) -> None:
         """Copy HF-named weights in, fusing q/k/v and gate/up; every parameter must be set.
