@@ -37,10 +37,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <utility>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
+
+#include "simd.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -212,17 +214,9 @@ class WorkPool {
       for (uintptr_t p = warm_begin_[i].load(std::memory_order_relaxed); p < end;) {
         if (epoch_.load(std::memory_order_relaxed) != seen) return;
         for (const uintptr_t page_end = std::min(end, p + kPage); p < page_end; p += kLine)
-          prefetch(reinterpret_cast<const void*>(p));
+          prefetch_l2(reinterpret_cast<const void*>(p));
       }
     }
-  }
-
-  static void prefetch(const void* p) {
-#if defined(__x86_64__)
-    _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1);
-#else
-    __builtin_prefetch(p, 0, 2);
-#endif
   }
 
   std::mutex caller_mutex_;  // one job at a time
