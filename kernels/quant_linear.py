@@ -26,10 +26,9 @@ benchmarks.md).
 
 Batch invariant: for q4_0, q4_1, q8_0 and their interleaved forms with up to `MAX_BLOCKED_ROWS`
 rows (any number with int8 activations), each output is summed in one fixed order whatever the
-number of rows, by the kernels the
-fused decode ops (kernels/decode_layer.py) run too; a row of x gives the same bits alone, in a
-batch of 40 or through `decode_linear`, so a request's tokens do not depend on the requests
-batched with it.
+number of rows, by the kernels the fused decode ops (kernels/decode_layer.py) run too; a row of
+x gives the same bits alone, in a batch of 40 or through `decode_linear`, so a request's tokens
+do not depend on the requests batched with it.
 The torch twin is `radixflow.kernels.reference.quant_linear_ref`.
 """
 

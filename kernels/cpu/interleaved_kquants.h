@@ -152,16 +152,9 @@ struct Q6KRows {
     return minus(either(i < 2 ? low(ql) : high(ql), high2), 32);
   }
 
-  // The same for all four columns, from one load of each chunk: w[i].
+  // The same for all four columns: w[i] (the compiler shares the columns' loads).
   static void codes(const uint8_t* block, int h, int c, rows16::Codes* w) {
-    using namespace rows16;
-    const Codes ql0 = load_codes(block + kLow + 64 * (16 * h + c));
-    const Codes ql1 = load_codes(block + kLow + 64 * (16 * h + 8 + c));
-    const Codes qh = load_codes(block + kHigh + 64 * (8 * h + c));
-    w[0] = minus(either(low(ql0), raised(qh, 4, 0x30)), 32);
-    w[1] = minus(either(low(ql1), raised(qh, 2, 0x30)), 32);
-    w[2] = minus(either(high(ql0), masked(qh, 0, 0x30)), 32);
-    w[3] = minus(either(high(ql1), masked(qh, 2, 0x30)), 32);
+    for (int i = 0; i < 4; ++i) w[i] = codes(block, h, i, c);
   }
 
   // dots[i * M + m], lane r: row r's sub-block of 16 in column i of half h (weights 16 part ..

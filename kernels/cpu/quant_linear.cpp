@@ -18,7 +18,8 @@
 //                               offset o per 16 weights (w = s q + o, as ggml) in an L1 scratch,
 //                               then acc[r][m] = fma(w_r, x[m, k:k+kLanes], acc[r][m])
 //     more rows of fp32 x       a tile of rows that fits L2 decoded to fp32, one sgemm per tile
-//     (prefill)                 (with int8 x the blocked kernels above are 2-2.6x faster there)
+//     (prefill)                 (int8 x stays on the blocked kernels above: 2-2.6x the sgemm
+//                               for q4_kx16 and q4_1x16, on par for q6_kx16)
 //
 // The weights are exact in fp32 (gguf's own dequantize, up to one rounding of s q + o, which is
 // fused here); sums are fp32, so the result is F.linear on the dequantized weight (and on x's
