@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,13 +61,25 @@ def _nullable(node, kids: list[bool]) -> bool:
     raise ValueError(f"not a regex IR node: {node!r}")
 
 
+def _known_nullable(node) -> bool | None:
+    facts = getattr(node, "facts", None)  # (dead, nullable), set when the node was made
+    return None if facts is None else facts[1]
+
+
+def _known_ref_free(node) -> bool | None:
+    # A node knows its facts only when every node below it does, and a Ref never does.
+    return None if getattr(node, "facts", None) is None else False
+
+
 def nullable_ir(node, memo: dict | None = None) -> bool:
     """Whether a Ref-free IR node matches the empty word (`memo`: by node id, across calls)."""
-    return fold(node, {} if memo is None else memo, _nullable)
+    return fold(node, {} if memo is None else memo, _nullable, known=_known_nullable)
 
 
 def _has_ref(node, memo: dict) -> bool:
-    return fold(node, memo, lambda n, kids: isinstance(n, Ref) or any(kids))
+    if getattr(node, "facts", None) is not None:  # most nodes: no fold needed
+        return False
+    return fold(node, memo, lambda n, kids: isinstance(n, Ref) or any(kids), known=_known_ref_free)
 
 
 class _EbnfLowering:
@@ -171,6 +184,33 @@ def bnf_from_ebnf(defs: dict, start: str, deadline: Deadline | None = None) -> B
     return bnf
 
 
+def _derivable(rules: list[tuple[int, tuple]], base: Callable[[int], bool]) -> set[int]:
+    """The left-hand sides that have a rule whose every symbol is a `base` symbol or one of
+    them (productive or nullable nonterminals): a worklist, each rule's count of missing
+    symbols going down as they join, so linear in the grammar's size."""
+    missing = []
+    users: dict[int, list[int]] = {}
+    ready = []
+    for i, (lhs, rhs) in enumerate(rules):
+        need = [s for s in rhs if not base(s)]
+        missing.append(len(need))
+        for s in need:
+            users.setdefault(s, []).append(i)
+        if not need:
+            ready.append(lhs)
+    out: set[int] = set()
+    while ready:
+        lhs = ready.pop()
+        if lhs in out:
+            continue
+        out.add(lhs)
+        for i in users.get(lhs, ()):
+            missing[i] -= 1
+            if missing[i] == 0:
+                ready.append(rules[i][0])
+    return out
+
+
 class EarleySet:
     """One Earley item set, immutable once built."""
 
@@ -190,7 +230,7 @@ class EarleyParser:
     sets, their bytes, and the clock while a closure runs.
     """
 
-    def __init__(self, bnf: BNF, num_terminals: int, deadline: Deadline, budget: GrammarBudget):
+    def __init__(self, bnf: BNF, num_terminals: int, budget: GrammarBudget):
         names = list(dict.fromkeys([bnf.start] + [lhs for lhs, _ in bnf.rules]))
         nt = {n: num_terminals + i for i, n in enumerate(names)}
         for _lhs, syms in bnf.rules:
@@ -200,7 +240,7 @@ class EarleyParser:
         rules = [(nt[lhs], tuple(nt[s] if isinstance(s, str) else s for s in syms))
                  for lhs, syms in bnf.rules]  # fmt: skip
         self.T = num_terminals
-        rules = self._productive(rules, deadline)
+        rules = self._productive(rules)
         if not any(lhs == nt[bnf.start] for lhs, _ in rules):
             raise ValueError(f"start rule {bnf.start!r} derives no finite text")
         self.rules = [(-1, (nt[bnf.start],))] + rules
@@ -213,28 +253,12 @@ class EarleyParser:
         self._interned: dict[frozenset, EarleySet] = {}
         self.root = self._closure([(0, 0, None)])
 
-    def _productive(self, rules, deadline: Deadline):
-        good: set[int] = set()
-        changed = True
-        while changed:
-            deadline.check()
-            changed = False
-            for lhs, rhs in rules:
-                if lhs not in good and all(s < self.T or s in good for s in rhs):
-                    good.add(lhs)
-                    changed = True
+    def _productive(self, rules):
+        good = _derivable(rules, lambda s: s < self.T)
         return [(lhs, rhs) for lhs, rhs in rules if all(s < self.T or s in good for s in rhs)]
 
     def _nullable(self) -> set[int]:
-        out: set[int] = set()
-        changed = True
-        while changed:
-            changed = False
-            for lhs, rhs in self.rules:
-                if lhs not in out and all(s in out for s in rhs):
-                    out.add(lhs)
-                    changed = True
-        return out
+        return _derivable(self.rules, lambda _s: False)
 
     def _closure(self, seeds: list[tuple]) -> EarleySet:
         # Sets are interned by their seed items: different lexings that reach the same
@@ -320,7 +344,7 @@ class GrammarAutomaton:
         self.budget = GrammarBudget()
         self.budget.charge(nfa_nbytes(nfa))
         self.lexer = LazyDFA(nfa, self.budget)
-        self.parser = EarleyParser(bnf, len(bnf.terminals), deadline, self.budget)
+        self.parser = EarleyParser(bnf, len(bnf.terminals), self.budget)
         self.ignore = frozenset(bnf.ignore)
         self._lex_start: dict[frozenset, int] = {}
         self._expand: dict[tuple, frozenset] = {}

@@ -161,3 +161,45 @@ def test_peer_gbnf_examples(smollm, name):
         out = walk(tok, g, gc.vocab_size, seed, max_tokens=30)
         if out is not None:
             ref.parse(out)
+
+
+def _fixpoint(rules, base):
+    """Left-hand sides with a rule whose symbols are all `base` or in the set, by iterating
+    until nothing changes (the definition, quadratic)."""
+    out: set = set()
+    changed = True
+    while changed:
+        changed = False
+        for lhs, rhs in rules:
+            if lhs not in out and all(base(s) or s in out for s in rhs):
+                out.add(lhs)
+                changed = True
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_parser_keeps_productive_rules_and_finds_nullable_ones(seed):
+    """Random BNF (unproductive cycles, epsilon rules, repeated symbols): the parser drops the
+    rules that derive no finite text and knows which nonterminals derive the empty text."""
+    from radixflow.grammars.budget import GrammarBudget
+    from radixflow.grammars.cfg import BNF, EarleyParser
+    from radixflow.grammars.regex_ir import Chars
+
+    rng = random.Random(seed)
+    names = ["start"] + [f"n{i}" for i in range(12)]
+    terminals = [Chars(((97 + i, 97 + i),)) for i in range(3)]
+    rules = [("start", (rng.choice(names[1:]),))] + [(n, (n,)) for n in names[1:]]  # all defined
+    for _ in range(30):
+        rhs = tuple(rng.choice(names[1:] + [0, 1, 2]) for _ in range(rng.randrange(4)))
+        rules.append((rng.choice(names[1:]), rhs))
+    rules.append(("start", (0,)))  # the start rule always derives "a"
+    parser = EarleyParser(BNF(terminals, rules), len(terminals), GrammarBudget())
+
+    nt = {n: len(terminals) + i for i, n in enumerate(dict.fromkeys(lhs for lhs, _ in rules))}
+    numbered = [(nt[lhs], tuple(nt.get(s, s) for s in rhs)) for lhs, rhs in rules]
+    good = _fixpoint(numbered, lambda s: s < len(terminals))
+    kept = [
+        (lhs, rhs) for lhs, rhs in numbered if all(s < len(terminals) or s in good for s in rhs)
+    ]
+    assert parser.rules[1:] == kept
+    assert parser.nullable == _fixpoint(parser.rules, lambda _s: False)

@@ -186,6 +186,8 @@ def test_deep_nesting_is_a_value_error(gc):
     for kind, source in cases:
         with pytest.raises(ValueError, match="nested too deeply.*recursion limit"):
             gc.compile(kind, source)
+    with pytest.raises(ValueError, match="^#/items/items/items/"):  # where, as a JSON pointer
+        gc.compile_json_schema(schema)
 
 
 def test_backtracking_patterns_do_not_hang(gc):
