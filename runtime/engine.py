@@ -6,9 +6,10 @@ generate / async_generate ──inbox──►  admit, abort ─► Scheduler.sc
       └──────── per-request sinks ◄───── finished / streamed requests (retired here)
 
 A constrained request is posted as soon as its grammar starts compiling (on the grammar pool):
-its prompt prefills meanwhile, all but the last token, and the engine gives it its matcher when
-the compile is done; the caller waits for the compile too, and on failure aborts the request
-and raises the error.
+its prompt prefills meanwhile, the logits of its first token wait for the grammar, and the
+engine gives it its matcher and samples that token from them when the compile is done (no
+extra forward); the caller waits for the compile too, and on failure aborts the request and
+raises the error.
 
 Longer than the ~400 lines a module should hold because most of it is the SGLang-shaped public
 API, whose nine arguments are spelled out in `generate`, `async_generate` and `make_input`.
@@ -45,7 +46,7 @@ from radixflow.runtime.io_struct import (
 )
 from radixflow.runtime.model_loader import Checkpoint
 from radixflow.runtime.model_runner import ModelRunner
-from radixflow.runtime.output_processor import LogitRows, OutputProcessor
+from radixflow.runtime.output_processor import LogitRows, OutputProcessor, StepOutcome
 from radixflow.runtime.request import Req
 from radixflow.runtime.request_builder import RequestBuilder
 from radixflow.runtime.sampler import Sampler
@@ -477,9 +478,11 @@ class Engine:
                 self.scheduler.add(req)
                 self.stats["requests"] += 1
 
-    def _install_grammars(self) -> None:
-        """Give each request whose grammar has compiled its matcher. A failed compile leaves
-        its request parked: the caller, who gets the error, aborts it."""
+    def _install_grammars(self) -> list[Req]:
+        """Give each request whose grammar has compiled its matcher; returns those whose first
+        token's logits wait for it (`Req.deferred_logits`). A failed compile leaves its request
+        parked: the caller, who gets the error, aborts it."""
+        ready = []
         for req in list(self._compiling):
             future = req.grammar_compiling
             if future is not None and not future.done():
@@ -489,6 +492,9 @@ class Engine:
             if grammar is not None:
                 req.grammar = grammar.matcher()
                 req.grammar_compiling = None
+                if req.deferred_logits is not None and not req.finished:
+                    ready.append(req)
+        return ready
 
     def _abort_now(self, rid: str) -> None:
         for req in itertools.chain(self.scheduler.running, self.scheduler.waiting):
@@ -500,7 +506,9 @@ class Engine:
     def step(self) -> bool:
         """One round: schedule, run the model, process its logits, retire what finished.
         False when nothing could run (every request waits for its grammar)."""
-        self._install_grammars()
+        ready = self._install_grammars()
+        if ready:
+            self._settle(self.outputs.sample_deferred(ready))
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
         step = self.scheduler.schedule()
@@ -509,7 +517,7 @@ class Engine:
             self._finish(req, req.finish_reason)
         self.scheduler.failed.clear()
         if step is None:
-            return False
+            return bool(ready)
         self.stats["steps"] += 1
         rows = LogitRows.plan(step)
         batch = self.runner.build_batch(step, rows.indices)
@@ -519,14 +527,17 @@ class Engine:
             logits = self.tp_driver.forward(self.runner, batch)
         for req, n in zip(step.reqs, step.extend_lens, strict=True):
             self.kv.commit(req, n)
-        outcome = self.outputs.process(step, rows, logits)
+        self._settle(self.outputs.process(step, rows, logits))
+        return True
+
+    def _settle(self, outcome: StepOutcome) -> None:
+        """Count, retire and stream what sampling did."""
         for name, n in outcome.stats.items():
             self.stats[name] += n
         for req, reason in outcome.finished:
             self._retire(req, reason)
         for req in outcome.streamed:
             self._emit(req)
-        return True
 
     def _retire(self, req: Req, reason: FinishReason) -> None:
         """Finish a request `process` returned: its KV goes back (a pin_prefix request's

@@ -137,6 +137,8 @@ class OutputProcessor:
             req = step.reqs[i]
             if req.params.max_new_tokens == 0:  # prefill only: its prompt is cached and scored
                 outcome.add(req, FinishReason.limit(0))
+            elif req.grammar is None and req.grammar_compiling is not None:
+                req.deferred_logits = _rows_of(logits, [row])[0]  # see `sample_deferred`
             else:
                 (verifying if req.draft_ids else plain).append((req, row))
         now = time.monotonic()
@@ -144,6 +146,18 @@ class OutputProcessor:
             self._sample(logits, plain, now, outcome)
         if verifying:
             self._verify(logits, verifying, now, outcome)
+        return outcome
+
+    def sample_deferred(self, reqs: list[Req]) -> StepOutcome:
+        """Sample the first token of requests whose prefill ended before their grammar compiled,
+        from the logits kept then (`Req.deferred_logits`), now masked by the grammar."""
+        outcome = StepOutcome()
+        logits = torch.stack(
+            [req.deferred_logits for req in reqs if req.deferred_logits is not None]
+        )
+        for req in reqs:
+            req.deferred_logits = None
+        self._sample(logits, [(req, i) for i, req in enumerate(reqs)], time.monotonic(), outcome)
         return outcome
 
     def output(self, req: Req) -> dict[str, Any]:

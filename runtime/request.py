@@ -12,6 +12,8 @@ from radixflow.runtime.request_sampler import RequestSampler
 from radixflow.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    import torch
+
     from radixflow.grammars.backends import Grammar, Matcher
     from radixflow.runtime.radix_cache import TreeNode
     from radixflow.runtime.speculative.speculator import SpecState
@@ -75,9 +77,11 @@ class Req:
     logprob: LogprobRequest = field(default_factory=LogprobRequest)
     stream: bool = False
     grammar: Matcher | None = None  # the cursor of a constrained request (any backend)
-    # Set while its grammar compiles: the prompt prefills meanwhile, all but its last token,
-    # whose logits are the first ones the grammar masks.
+    # Set while its grammar compiles: the prompt prefills meanwhile, and when the prefill ends
+    # first the logits of its first token wait in `deferred_logits` (a copy, [vocab]) to be
+    # masked and sampled once the compile is done, without another forward.
     grammar_compiling: Future[Grammar | None] | None = None
+    deferred_logits: torch.Tensor | None = None
     output_ids: list[int] = field(default_factory=list)
     kv: KVState = field(default_factory=KVState)
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
@@ -115,9 +119,9 @@ class Req:
 
     @property
     def feedable(self) -> int:
-        """Tokens the next step may feed: `remaining`, less the last one while the grammar that
-        masks the token after it is still compiling."""
-        return self.remaining - (self.grammar_compiling is not None)
+        """Tokens the next step may feed: `remaining`, none while its next token's logits wait
+        for its grammar (`deferred_logits`)."""
+        return 0 if self.deferred_logits is not None else self.remaining
 
     @property
     def finished(self) -> bool:

@@ -38,8 +38,6 @@ LPM_MAX_QUEUE = 128
 IN_BATCH_PREFIX_THRESHOLD = 32
 # Requests admitted while a waiting one does not fit before it blocks admission (see above).
 MAX_OVERTAKES = 16
-# `_admit`'s answer for a request with nothing to feed until its grammar compiles.
-PARKED = -1
 
 
 @dataclass
@@ -141,8 +139,6 @@ class Scheduler:
             n = self._admit(req, budget, first=budget == self._prefill_budget())
             if n == 0:  # a whole prompt (no chunking) waits for a step with budget for it
                 break
-            if n == PARKED:
-                continue
             if n is None:
                 if not self.running:
                     self._fail(req, req.fill_len)
@@ -244,13 +240,9 @@ class Scheduler:
 
     def _admit(self, req: Req, budget: int, first: bool) -> int | None:
         """Move a request to running on its cached prefix; returns the chunk size (0 when the
-        prefill budget is spent), None (it stays waiting) when the pages for it lack now, or
-        PARKED (it stays waiting) when only its last token is left and its grammar compiles."""
+        prefill budget is spent), None (it stays waiting) when the pages for it lack now."""
         match = self.kv.match(self._matchable_ids(req))
-        todo = req.fill_len - len(match.slots) - (req.grammar_compiling is not None)
-        if todo == 0:  # all but the last token cached, and its grammar still compiling
-            return PARKED
-        n = self._chunk(todo, budget, first)
+        n = self._chunk(req.fill_len - len(match.slots), budget, first)
         if n == 0:
             return 0
         # A page of headroom per running request, so that admitting does not force a retraction.
@@ -302,4 +294,5 @@ class Scheduler:
 
     def _release(self, req: Req) -> None:
         req.draft_ids = []
+        req.deferred_logits = None  # a retracted request prefills (and computes them) again
         self.kv.release(req)
