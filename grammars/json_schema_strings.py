@@ -8,6 +8,7 @@ stay counts (a repeat, or a `Dfa` with bounds), however large, never unrolled co
 
 from __future__ import annotations
 
+import functools
 import json
 
 from .nfa import Deadline
@@ -83,6 +84,13 @@ def _prefix_tree(texts: list[str]):
     return options[0] if len(options) == 1 else Alt(tuple(options))
 
 
+@functools.lru_cache(maxsize=256)
+def _escapes(escaped: tuple[str, ...]):
+    """`_prefix_tree` of these escapes, one node per set of them: the classes of most strings
+    escape the same 34 characters, and one node compiles to one set of automaton states."""
+    return _prefix_tree(list(escaped))
+
+
 _JSON_CHARS: dict[tuple, object] = {}
 
 
@@ -93,7 +101,7 @@ def json_chars(node: Chars):
         plain = subtract(node.ranges, _SPECIAL)
         escaped = [_escape_char(cp) for lo, hi in intersect(node.ranges, _SPECIAL)
                    for cp in range(lo, hi + 1)]  # fmt: skip
-        got = Alt((Chars(plain), _prefix_tree(escaped))) if escaped else Chars(plain)
+        got = Alt((Chars(plain), _escapes(tuple(escaped)))) if escaped else Chars(plain)
         if len(_JSON_CHARS) < 4096:
             _JSON_CHARS[node.ranges] = got
     return got

@@ -419,3 +419,25 @@ def test_enum_values_of_a_plain_type_equal_the_automatons_filter(monkeypatch, ty
     monkeypatch.setattr(json_schema, "_plain_types", lambda rest: None)
     assert fast == values()
     assert fast  # every type above keeps some of the values
+
+
+def test_string_character_classes_share_their_escapes():
+    """Classes that differ only in plain characters (each "any name but these" trie node leaves
+    by its own class) spell their JSON escapes with one node, so the lazy NFA builds the escapes
+    once rather than once a class; the language is each class's own."""
+    from radixflow.grammars.json_schema_strings import json_chars
+    from radixflow.grammars.regex_algebra import ANY_CHAR
+
+    classes = [
+        Chars(ANY_CHAR),
+        Chars(((0, 0x60), (0x62, 0x10FFFF))),
+        Chars(((0, 0x6D), (0x6F, 0x10FFFF))),
+    ]
+    spelled = [json_chars(c) for c in classes]
+    assert all(isinstance(s, Alt) for s in spelled)
+    assert spelled[0].items[1] is spelled[1].items[1] is spelled[2].items[1]
+    for c, s in zip(classes, spelled, strict=True):
+        automaton = RegexAutomaton(s)
+        for text in ("a", "n", "z", "é", '\\"', "\\u001f", "\\n"):
+            allowed = len(text) > 1 or any(lo <= ord(text) <= hi for lo, hi in c.ranges)
+            assert accepts(automaton, text) == allowed, (c.ranges, text)
