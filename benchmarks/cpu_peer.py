@@ -7,9 +7,9 @@ number of threads (torch's default, one per core) and are measured by the same c
   N concurrent       N clients at once, each a fresh 128-token prompt and 128 output tokens
                      (ignore_eos); output tokens / wall time; llama.cpp gets N parallel slots
 
-The batch-1 bound is the copy bandwidth measured here (read + write, a proxy for the read
-bandwidth decode needs) divided by the bytes of the GGUF's tensors: a decode step reads every
-weight once. llama.cpp comes from `make llama-cpp` (builds llama-server from PyPI's
+The batch-1 bound is the memory bandwidth measured here (`common.memory_bandwidth`: the
+faster of a read and a copy of 256 MiB) divided by the bytes of the GGUF's tensors: a decode
+step reads every weight once. llama.cpp comes from `make llama-cpp` (builds llama-server from PyPI's
 llama-cpp-python source into build/llama.cpp); without it only radixflow's rows are printed.
 
     make llama-cpp
@@ -37,7 +37,7 @@ import torch
 from gguf import GGUFReader
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import copy_bandwidth, print_table  # noqa: E402
+from common import memory_bandwidth, print_table  # noqa: E402
 from serving import Launched, launch_radixflow, wait_ready  # noqa: E402
 
 from radixflow.runtime.model_loader import default_model_path  # noqa: E402
@@ -165,11 +165,11 @@ def main() -> None:
     args = parser.parse_args()
     gguf = args.gguf or default_model_path()
 
-    bandwidth = copy_bandwidth()
+    bandwidth = memory_bandwidth()
     weight_bytes = gguf_tensor_bytes(gguf)
     bound = bandwidth / weight_bytes
     print(
-        f"{gguf.name}: {weight_bytes / 2**20:.0f} MiB of tensors; copy bandwidth "
+        f"{gguf.name}: {weight_bytes / 2**20:.0f} MiB of tensors; memory bandwidth "
         f"{bandwidth / 1e9:.1f} GB/s; batch-1 decode bound {bound:.0f} tok/s; "
         f"{args.threads} threads"
     )

@@ -6,7 +6,7 @@ x rounded to int8, or kept fp32) runs the same rounds, one after the other. Each
 for each path, `decode tokens / (time for 1 + tokens outputs - time for 1)`
 after a fresh prompt (greedy, ignore_eos), so prefill and the first step cancel; the rounds
 alternate the paths, and the table gives each path's median tok/s and their ratio, and the
-fused path's share of the batch-1 bound: copy bandwidth (read + write, as
+fused path's share of the batch-1 bound: memory bandwidth (as
 benchmarks/cpu_peer.py) over the model's weight bytes, which every decode step reads. With
 --batch N, N requests decode together (tok/s counts all of them).
 
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import copy_bandwidth, print_table  # noqa: E402
+from common import memory_bandwidth, print_table  # noqa: E402
 
 import radixflow as rf  # noqa: E402
 from radixflow.runtime.memory_plan import module_bytes  # noqa: E402
@@ -127,10 +127,10 @@ def measure(args: argparse.Namespace, activations: str) -> tuple[list[list], lis
         engine.shutdown()
         raise SystemExit(f"the fused decode layers do not run here: {stack.reason}")
     weight_bytes = module_bytes(engine.runner.model)
-    bandwidth = copy_bandwidth()
+    bandwidth = memory_bandwidth()
     bound = bandwidth / weight_bytes
     print(
-        f"{activations} activations: {weight_bytes / 2**20:.0f} MiB of weights; copy bandwidth "
+        f"{activations} activations: {weight_bytes / 2**20:.0f} MiB of weights; memory bandwidth "
         f"{bandwidth / 1e9:.1f} GB/s; batch-1 decode bound {bound:.0f} tok/s"
     )
     rng = random.Random(0)

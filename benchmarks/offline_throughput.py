@@ -6,7 +6,7 @@ padding; each batch runs to its longest request and only the requested tokens ar
 Also batch-1 decode for both, and the fraction of this machine's roofline:
 
   throughput roofline = matmul rate / (2 * params) tokens/s, over prompt + output tokens
-  batch-1 roofline    = copy bandwidth / weight bytes, decode tokens/s
+  batch-1 roofline    = memory bandwidth / weight bytes, decode tokens/s
 
     python benchmarks/offline_throughput.py [--dtypes float32 bfloat16] [--num-prompts 64]
 """
@@ -19,7 +19,7 @@ import time
 
 import torch
 import transformers
-from common import copy_bandwidth, matmul_rate, print_table
+from common import matmul_rate, memory_bandwidth, print_table
 
 import radixflow as rf
 from radixflow.runtime.model_loader import transformers_dir
@@ -72,8 +72,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    bandwidth = copy_bandwidth()
-    print(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s, threads: {torch.get_num_threads()}")
+    bandwidth = memory_bandwidth()
+    print(f"memory bandwidth: {bandwidth / 1e9:.1f} GB/s, threads: {torch.get_num_threads()}")
     rows = []
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)

@@ -16,7 +16,7 @@ weight bytes read per second (packed bytes for the kernel, fp32 bytes for F.line
 speedup; `--int8-activations` runs the kernel with x rounded to int8 per block of 32. Each layer shape is timed over
 30 distinct copies, as the model's 30 layers (4 of the 1B model's larger ones), so the weights
 stream from memory rather than sit in cache; the lm_head is one matrix. Kernel and F.linear run in turn in every repeat (same
-load). The header gives this machine's copy bandwidth (read + write) as the roofline for M = 1.
+load). The header gives this machine's memory bandwidth (`common.memory_bandwidth`) as the roofline for M = 1.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from common import copy_bandwidth, print_table
+from common import memory_bandwidth, print_table
 from cpu_linear import paired_medians
 
 from radixflow.kernels.quant_formats import quant_format
@@ -92,8 +92,7 @@ def main() -> None:
     if not quant_linear_available():
         raise SystemExit("the CPU quantized linear kernel is not available on this machine")
     print(
-        f"threads: {torch.get_num_threads()}; copy bandwidth (read + write): "
-        f"{copy_bandwidth() / 1e9:.1f} GB/s"
+        f"threads: {torch.get_num_threads()}; memory bandwidth: {memory_bandwidth() / 1e9:.1f} GB/s"
     )
     layers, shapes = MODELS[args.model]
     table = [
