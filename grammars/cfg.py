@@ -79,9 +79,6 @@ def nullable_ir(node, memo: dict | None = None) -> bool:
 def _has_ref(node, memo: dict) -> bool:
     if getattr(node, "facts", None) is not None:  # most nodes: no fold needed
         return False
-    got = memo.get(id(node))
-    if got is not None:
-        return got
     return fold(node, memo, lambda n, kids: isinstance(n, Ref) or any(kids), known=_known_ref_free)
 
 

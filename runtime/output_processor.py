@@ -152,11 +152,12 @@ class OutputProcessor:
         """Sample the first token of requests whose prefill ended before their grammar compiled,
         from the logits kept then (`Req.deferred_logits`), now masked by the grammar."""
         outcome = StepOutcome()
-        logits = torch.stack(
-            [req.deferred_logits for req in reqs if req.deferred_logits is not None]
-        )
+        kept = []
         for req in reqs:
+            assert req.deferred_logits is not None  # `Engine._install_grammars` picks only these
+            kept.append(req.deferred_logits)
             req.deferred_logits = None
+        logits = torch.stack(kept)
         self._sample(logits, [(req, i) for i, req in enumerate(reqs)], time.monotonic(), outcome)
         return outcome
 

@@ -99,7 +99,7 @@ def test_the_prompt_prefills_while_the_grammar_compiles(engine):
     assert_kv_released(engine)
 
     # With its grammar compiled beforehand the same request samples its first token in its
-    # last prefill step: the same tokens, and no fewer forwards (the deferred sample took none).
+    # last prefill step: the same tokens, and as many forwards (the deferred sample took none).
     engine.flush_cache()  # the prefix cache, and the grammar cache too
     engine.grammars.compiler.compile("regex", REGEX)
     steps = engine.stats["steps"]
