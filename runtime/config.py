@@ -157,6 +157,12 @@ class EngineConfig:
     grammar_compile_workers: int = _knob(
         8, "threads compiling grammars at once (a cached grammar never waits for them)"
     )
+    gc_threshold: str | None = _knob(  # also a list of ints, as `rf.Engine` kwargs
+        None,
+        "Python's garbage-collector thresholds, 'gen0[,gen1[,gen2]]' (gc.set_threshold), set "
+        "when the engine starts; a larger gen0 (e.g. 20000) collects less often while grammars "
+        "compile and masks are built; default: Python's own (700,10,10)",
+    )
     grammar_import_paths: str = _knob(
         "",
         "directories (separated by ':') whose .lark files request grammars may %import, besides "
@@ -231,6 +237,7 @@ class EngineConfig:
             value = getattr(self, f.name)
             if choices and value is not None and value not in choices:
                 raise ValueError(f"{f.name} must be one of {choices}, got {value!r}")
+        self.gc_thresholds()  # raises on a malformed gc_threshold
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.max_running_requests < 1:
@@ -266,6 +273,23 @@ class EngineConfig:
                 f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}"
             )
         self._check_parallel()
+
+    def gc_thresholds(self) -> tuple[int, ...] | None:
+        """`gc_threshold` as the ints `gc.set_threshold` takes, None when unset."""
+        if self.gc_threshold is None:
+            return None
+        value = self.gc_threshold
+        if isinstance(value, list | tuple):
+            got = tuple(value) if all(type(p) is int for p in value) else ()
+        else:
+            parts = str(value).replace(",", " ").split()
+            got = tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else ()
+        if not 1 <= len(got) <= 3 or min(got) < 0:
+            raise ValueError(
+                f"gc_threshold must be 1 to 3 integers >= 0 ('gen0[,gen1[,gen2]]'), got "
+                f"{self.gc_threshold!r}"
+            )
+        return got
 
     def _check_parallel(self) -> None:
         if self.tp_size < 1 or self.nnodes < 1:

@@ -123,6 +123,11 @@ class Engine:
         # would be rescanned by every full collection (about 0.3 s, stalling a step): move
         # them out of the collector's view.
         gc.freeze()
+        self._gc_threshold_before = gc.get_threshold()
+        thresholds = self.config.gc_thresholds()
+        if thresholds is not None:
+            gc.set_threshold(*thresholds)
+            logger.info("garbage collector thresholds %s", gc.get_threshold())
         self.vocab_size = self.runner.vocab_size
         self.model_context_length = self.runner.context_length
         # SGLang's max request length: the KV pool caps it too, so one request always fits.
@@ -368,6 +373,7 @@ class Engine:
             self.tp_driver.stop()
         self.grammars.shutdown()
         gc.unfreeze()  # what __init__ froze can be collected again (at exit too)
+        gc.set_threshold(*self._gc_threshold_before)
 
     def __enter__(self) -> Engine:
         return self

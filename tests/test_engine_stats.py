@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import httpx
 import pytest
@@ -91,3 +92,16 @@ def test_routes_and_metrics_report_the_snapshot(engine):
             assert f"radixflow_grammar_cache_bytes {float(stats.grammar_cache_bytes)}" in metrics
     finally:
         running.stop()
+
+
+def test_gc_threshold_is_set_while_the_engine_runs(tmp_path):
+    before = gc.get_threshold()
+    path = make_tiny_model_dir(tmp_path, "llama", seed=3)
+    eng = rf.Engine(str(path), dtype="float32", max_total_tokens=256, gc_threshold="12345,7,3")
+    try:
+        assert gc.get_threshold() == (12345, 7, 3)
+        out = eng.generate(input_ids=PROMPTS[:1], sampling_params={"max_new_tokens": 2})
+        assert len(out[0]["output_ids"]) == 2
+    finally:
+        eng.shutdown()
+    assert gc.get_threshold() == before

@@ -64,6 +64,24 @@ def test_flags_parse_to_engine_config():
     assert engine_kwargs(_serve_args("--no-disable-radix-cache"))["disable_radix_cache"] is False
 
 
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, None), ("20000", (20000,)), ("20000,5", (20000, 5)), ("50000, 10, 10", (50000, 10, 10)),
+     ([20000, 10, 10], (20000, 10, 10))],
+)  # fmt: skip
+def test_gc_threshold_reads_as_set_threshold_takes_it(value, expected):
+    assert EngineConfig(gc_threshold=value).gc_thresholds() == expected
+    if isinstance(value, str):
+        flag = engine_kwargs(_serve_args("--gc-threshold", value))
+        assert EngineConfig.from_kwargs(**flag).gc_thresholds() == expected
+
+
+@pytest.mark.parametrize("value", ["", "a,b", "1,2,3,4", "-5", "700,-1", "1.5", [1.5], [True]])
+def test_gc_threshold_errors_name_the_knob(value):
+    with pytest.raises(ValueError, match="gc_threshold must be 1 to 3 integers"):
+        EngineConfig(gc_threshold=value)
+
+
 # -- SGLang's launch_server spellings --------------------------------------------------------
 SGLANG_LAUNCH = (
     "--model-path /models/x --tokenizer-path /models/tok --tp-size 1 --mem-fraction-static 0.7 "
