@@ -16,6 +16,8 @@ never returns is killed with its worker (which starts again) once the schema's t
 (its compile then counts as the compile limit). Each worker takes what its setup built out of
 Python's cyclic garbage collector (`gc.freeze()`, as a server should after loading its model),
 so that a full collection of torch's and transformers' objects is not timed as grammar work.
+`--gc-threshold 20000` sets the collector's thresholds in every worker, as the engine's
+`gc_threshold` knob does.
 Ratio rows divide an engine's figure by llguidance's on the same subset and tokenizer.
 `--failures` prints each failing schema with its first failure: the compile error, or the
 instance that was wrongly accepted or rejected with the byte offset of the rejected token.
@@ -232,7 +234,7 @@ def run_schema(engine, tok, case) -> Outcome:
     return out
 
 
-def _serve(conn, tok_name: str, engine_name: str) -> None:
+def _serve(conn, tok_name: str, engine_name: str, gc_threshold: tuple[int, ...]) -> None:
     """Worker process: build the engine, then run each schema path it is sent."""
     tok = load_tokenizer(tok_name)
     vocab = max(len(tok), max(tok.get_vocab().values()) + 1)
@@ -246,6 +248,8 @@ def _serve(conn, tok_name: str, engine_name: str) -> None:
     # (0.3 s here) lands in whichever mask or compile call happens to trigger it.
     gc.collect()
     gc.freeze()
+    if gc_threshold:  # as the engine's gc_threshold knob sets them
+        gc.set_threshold(*gc_threshold)
     conn.send("ready")
     while (path := conn.recv()) is not None:
         conn.send(run_schema(engine, tok, json.loads(Path(path).read_text())))
@@ -254,8 +258,8 @@ def _serve(conn, tok_name: str, engine_name: str) -> None:
 class Worker:
     """An engine in a worker process; a schema past its time limit restarts the worker."""
 
-    def __init__(self, tok_name: str, engine_name: str):
-        self.args = (tok_name, engine_name)
+    def __init__(self, tok_name: str, engine_name: str, gc_threshold: tuple[int, ...] = ()):
+        self.args = (tok_name, engine_name, gc_threshold)
         self.ready = self._start()
 
     def _start(self) -> str:
@@ -362,7 +366,7 @@ def run(args, files: dict[str, list[Path]]) -> dict[tuple[str, str, str], Stats]
     stats: dict[tuple[str, str, str], Stats] = {}
     for tok_name in args.tokenizers.split(","):
         for engine_name in [e for e in args.engines.split(",") if e]:
-            worker = Worker(tok_name, engine_name)
+            worker = Worker(tok_name, engine_name, args.gc_threshold)
             if worker.ready != "ready":
                 print(f"{engine_name}: {worker.ready}, skipped")
                 continue
@@ -434,6 +438,13 @@ def main() -> None:
         help="a JSON file of results: what this run measures is saved there, and the table "
         "also shows the other engines' results stored for the same schema files (--engines '' "
         "only prints them)",
+    )
+    ap.add_argument(
+        "--gc-threshold",
+        type=lambda text: tuple(int(x) for x in text.split(",")),
+        default=(),
+        help="Python's collector thresholds in every worker, 'gen0[,gen1[,gen2]]' (what the "
+        "engine's gc_threshold knob sets); default: Python's own",
     )
     args = ap.parse_args()
     subsets = args.subsets.split(",")
