@@ -423,6 +423,8 @@ def print_results(stats: dict[tuple[str, str, str], Stats], subsets: list[str]) 
 
 
 def main() -> None:
+    from radixflow.runtime.config import parse_gc_threshold  # the engine knob's format
+
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -441,7 +443,7 @@ def main() -> None:
     )
     ap.add_argument(
         "--gc-threshold",
-        type=lambda text: tuple(int(x) for x in text.split(",")),
+        type=parse_gc_threshold,
         default=(),
         help="Python's collector thresholds in every worker, 'gen0[,gen1[,gen2]]' (what the "
         "engine's gc_threshold knob sets); default: Python's own",

@@ -42,6 +42,20 @@ def _knob(default: Any, help: str, choices: tuple[str, ...] | None = None) -> An
     return field(default=default, metadata={"help": help, "choices": choices})
 
 
+def parse_gc_threshold(value: str | list[int] | tuple[int, ...]) -> tuple[int, ...]:
+    """'gen0[,gen1[,gen2]]' (or a list of ints) as the ints `gc.set_threshold` takes."""
+    if isinstance(value, list | tuple):
+        got = tuple(value) if all(type(p) is int for p in value) else ()
+    else:
+        parts = str(value).replace(",", " ").split()
+        got = tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else ()
+    if not 1 <= len(got) <= 3 or min(got) < 0:
+        raise ValueError(
+            f"gc_threshold must be 1 to 3 integers >= 0 ('gen0[,gen1[,gen2]]'), got {value!r}"
+        )
+    return got
+
+
 @dataclass
 class EngineConfig:
     model_path: str | None = _knob(
@@ -157,12 +171,6 @@ class EngineConfig:
     grammar_compile_workers: int = _knob(
         8, "threads compiling grammars at once (a cached grammar never waits for them)"
     )
-    gc_threshold: str | None = _knob(  # also a list of ints, as `rf.Engine` kwargs
-        None,
-        "Python's garbage-collector thresholds, 'gen0[,gen1[,gen2]]' (gc.set_threshold), set "
-        "when the engine starts; a larger gen0 (e.g. 20000) collects less often while grammars "
-        "compile and masks are built; default: Python's own (700,10,10)",
-    )
     grammar_import_paths: str = _knob(
         "",
         "directories (separated by ':') whose .lark files request grammars may %import, besides "
@@ -205,6 +213,12 @@ class EngineConfig:
         8, "speculate only while at most this many requests run (larger batches gain little)"
     )
     random_seed: int = _knob(0, "seed of the engine's shared sampling generator")
+    gc_threshold: str | None = _knob(  # also a list of ints, as `rf.Engine` kwargs
+        None,
+        "Python's garbage-collector thresholds, 'gen0[,gen1[,gen2]]' (gc.set_threshold), set "
+        "when the engine starts; a larger gen0 (e.g. 20000) collects less often while grammars "
+        "compile and masks are built; default: Python's own (700,10,10)",
+    )
     num_threads: int | None = _knob(
         None,
         "torch CPU threads (default: torch's choice; with tp_size > 1 each rank takes this "
@@ -276,20 +290,7 @@ class EngineConfig:
 
     def gc_thresholds(self) -> tuple[int, ...] | None:
         """`gc_threshold` as the ints `gc.set_threshold` takes, None when unset."""
-        if self.gc_threshold is None:
-            return None
-        value = self.gc_threshold
-        if isinstance(value, list | tuple):
-            got = tuple(value) if all(type(p) is int for p in value) else ()
-        else:
-            parts = str(value).replace(",", " ").split()
-            got = tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else ()
-        if not 1 <= len(got) <= 3 or min(got) < 0:
-            raise ValueError(
-                f"gc_threshold must be 1 to 3 integers >= 0 ('gen0[,gen1[,gen2]]'), got "
-                f"{self.gc_threshold!r}"
-            )
-        return got
+        return None if self.gc_threshold is None else parse_gc_threshold(self.gc_threshold)
 
     def _check_parallel(self) -> None:
         if self.tp_size < 1 or self.nnodes < 1:
