@@ -19,6 +19,8 @@ so that a full collection of torch's and transformers' objects is not timed as g
 `--gc-threshold 20000` sets the collector's thresholds in every worker, as the engine's
 `gc_threshold` knob does.
 Ratio rows divide an engine's figure by llguidance's on the same subset and tokenizer.
+`--engines radixflow,radixflow-numpy,llguidance` adds radixflow with its masks by the numpy
+trie walk (`RADIXFLOW_GRAMMAR_NATIVE=0`), for the native walk's effect in the same run.
 `--failures` prints each failing schema with its first failure: the compile error, or the
 instance that was wrongly accepted or rejected with the byte offset of the rejected token.
 `--store results.json` keeps each run's outcomes, so that a later run of one engine is tabled
@@ -33,6 +35,7 @@ import argparse
 import gc
 import json
 import multiprocessing as mp
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -83,6 +86,18 @@ class Radixflow:
 
     def accept(self, m, t):
         return m.accept(t)
+
+
+class RadixflowNumpyWalk(Radixflow):
+    """radixflow with its masks by the numpy trie walk instead of the native one."""
+
+    name = "radixflow-numpy"
+
+    def __init__(self, tok, vocab):
+        from radixflow.grammars.native_walk import NATIVE_ENV
+
+        os.environ[NATIVE_ENV] = "0"  # read once, at this worker's first mask
+        super().__init__(tok, vocab)
 
 
 class LLGuidance:
@@ -174,7 +189,9 @@ class OutlinesCore:
         return True
 
 
-ENGINES = {cls.name: cls for cls in (Radixflow, LLGuidance, XGrammar, OutlinesCore)}
+ENGINES = {
+    cls.name: cls for cls in (Radixflow, RadixflowNumpyWalk, LLGuidance, XGrammar, OutlinesCore)
+}
 
 
 @dataclass

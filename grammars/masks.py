@@ -1,5 +1,9 @@
 """Allowed-token masks: a vectorized walk of the token trie through a byte automaton.
 
+`compute_mask` walks in C where the native walk is built (`native_walk`, depth-first over the
+same walk table); the numpy walk below is its fallback and twin, and the tests hold both to a
+per-token reference.
+
 The walk goes one trie depth at a time and keeps, for every trie node, the automaton state
 reached by reading its bytes from the start state (dead where the automaton stops). Each
 depth is one gather through a flat copy of the automaton's transition table (`WalkTable`),
@@ -47,6 +51,7 @@ import numpy as np
 import torch
 
 from .automaton import ByteAutomaton
+from .native_walk import native_mask, trie_walk
 from .states import DICT_ENTRY_BYTES
 from .tokenizer_index import NOT_TEXT, PLAIN_BYTES, TEXT_MOVES, TokenizerIndex
 
@@ -347,7 +352,19 @@ def tail_values(index: TokenizerIndex, table: WalkTable, values: np.ndarray) -> 
 
 
 def compute_mask(index: TokenizerIndex, table: WalkTable, state: int) -> np.ndarray:
-    """Packed int32[num_words] mask of the tokens allowed in `state` (EOS when accepting)."""
+    """Packed int32[num_words] mask of the tokens allowed in `state` (EOS when accepting), by
+    the native walk where it is built (`native_walk`), else the numpy walk."""
+    fn = trie_walk()
+    if fn is None:
+        return numpy_mask(index, table, state)
+    words = native_mask(fn, index, table, state)
+    if table.automaton.is_accepting(state):
+        _set_bits(words, np.array(index.eos_ids, dtype=np.int64))
+    return words
+
+
+def numpy_mask(index: TokenizerIndex, table: WalkTable, state: int) -> np.ndarray:
+    """`compute_mask` by the numpy walk."""
     text = table.text_states(state)
     if text is not None:
         # Text tokens are all allowed: start from their packed mask, add the others alive.

@@ -32,7 +32,11 @@ token is text.
 
 `pre[n]` numbers the nodes in depth-first preorder (children by byte), so the subtree of n is
 the nodes numbered `pre[n]` .. `pre[n] + size[n]`; `mask_pre[i]` is that number for mask bit i's
-token node (num_nodes where there is none) and `text_feed_pre` for each text feed node.
+token node (num_nodes where there is none) and `text_feed_pre` for each text feed node. For
+the native depth-first walk (`trie_walk.c`) the nodes are also listed in that order:
+`pre_byte`, `pre_depth` and `pre_size` of each, and `pre_token`, the (lowest) token each
+spells, else `num_words * 32` (a bit past the mask); a token with the same bytes as a lower
+one is in `same_bytes_token`, beside that one in `same_bytes_as`.
 
 Nodes deeper than `tail_depth` (the few long tokens: runs of `#`, `-`, `=`, spaces, ~80 bytes
 deep) are `tail` levels, walked by runs instead of one depth at a time. A tail node's trailing
@@ -157,6 +161,12 @@ class TokenizerIndex:
     size: np.ndarray  # int32[num_nodes]
     mask_pre: np.ndarray  # int32[num_words * 32]
     text_feed_pre: np.ndarray  # int32
+    pre_byte: np.ndarray  # uint8[num_nodes], by preorder number
+    pre_depth: np.ndarray  # int32[num_nodes]
+    pre_size: np.ndarray  # int32[num_nodes]
+    pre_token: np.ndarray  # int32[num_nodes]
+    same_bytes_token: np.ndarray  # int64
+    same_bytes_as: np.ndarray  # int64
     tail_depth: int
     tail: tuple[TailLevel, ...]
     tail_roots: np.ndarray  # int32: nodes of depth tail_depth with children
@@ -282,6 +292,11 @@ def _build_index(token_bytes: list[bytes | None], eos_ids: tuple[int, ...]) -> T
     pre, size = _preorder(parent, depth_start, left)
     mask_pre = np.full(words * 32, n, dtype=np.int32)
     mask_pre[: len(token_bytes)] = np.where(token_node >= 0, pre[np.maximum(token_node, 0)], n)
+    order = np.argsort(pre)  # nodes by preorder number
+    tokens = np.flatnonzero(token_node >= 0)
+    pre_token = np.full(n, words * 32, dtype=np.int32)
+    pre_token[pre[token_node[tokens[::-1]]]] = tokens[::-1]  # the lowest token written last
+    same = tokens[pre_token[pre[token_node[tokens]]] != tokens]
     tail_depth, tail = int(depth[-1]), ()
     for candidate in TAIL_DEPTHS:
         runs = _tail_levels(byte, parent, depth, candidate)
@@ -323,6 +338,12 @@ def _build_index(token_bytes: list[bytes | None], eos_ids: tuple[int, ...]) -> T
         size=size,
         mask_pre=mask_pre,
         text_feed_pre=pre[text_feed_nodes],
+        pre_byte=byte[order],
+        pre_depth=depth[order].astype(np.int32),
+        pre_size=size[order],
+        pre_token=pre_token,
+        same_bytes_token=same,
+        same_bytes_as=pre_token[pre[token_node[same]]].astype(np.int64),
         tail_depth=tail_depth,
         tail=tail,
         tail_roots=np.unique(parent[depth == tail_depth + 1]).astype(np.int32),

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from radixflow.cache import cache_dir
+
 logger = logging.getLogger(__name__)
 
 SOURCES = tuple(sorted((Path(__file__).parent / "cpu").glob("*.cpp")))
@@ -76,8 +78,7 @@ ISA_NAMES = tuple(isa.name for isa in ISAS)
 
 def build_root() -> Path:
     """`$RADIXFLOW_CACHE_DIR/cpu_kernels`, or `~/.cache/radixflow/cpu_kernels`."""
-    base = os.environ.get("RADIXFLOW_CACHE_DIR")
-    return (Path(base) if base else Path.home() / ".cache" / "radixflow") / "cpu_kernels"
+    return cache_dir("cpu_kernels")
 
 
 def cpu_arch() -> str:

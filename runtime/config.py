@@ -403,10 +403,19 @@ def startup_summary(engine: Any) -> str:
         f"{pool.capacity_tokens} tokens ({gib:.2f} GiB, set by {engine.runner.kv_plan.bound}) | "
         f"context {engine.context_length} | "
         f"attention {engine.runner.attention_backend} | grammar backend "
-        f"{engine.config.grammar_backend} (fallback {engine.config.grammar_backend_fallback}) | "
+        f"{_grammar_backend(engine.config)} (fallback {engine.config.grammar_backend_fallback}) | "
         f"chat template {engine.config.chat_template or 'from the model'} | tool-call parser "
         f"{engine.config.tool_call_parser} | reasoning parser {engine.config.reasoning_parser}"
     )
+
+
+def _grammar_backend(config: EngineConfig) -> str:
+    """The grammar backend; ours with the trie walk its masks use (native or numpy, and why)."""
+    if config.grammar_backend != "radixflow":
+        return config.grammar_backend
+    from radixflow.grammars.native_walk import describe  # here: config imports no torch
+
+    return f"radixflow, {describe()}"
 
 
 def _kernels(engine: Any) -> str:

@@ -29,6 +29,7 @@ from gguf.quants import dequantize
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from radixflow.cache import cache_dir
 from radixflow.kernels.quant_formats import PackedWeight, qtype_of_ggml
 
 # Bump when the folder layout or the conversion changes, so old caches are not reused.
@@ -76,8 +77,7 @@ _DERIVED_TENSORS = {"rope_freqs.weight"}
 
 def cache_root() -> Path:
     """Root of converted GGUF folders: `$RADIXFLOW_CACHE_DIR/gguf` or `~/.cache/radixflow/gguf`."""
-    base = os.environ.get("RADIXFLOW_CACHE_DIR")
-    return (Path(base) if base else Path.home() / ".cache" / "radixflow") / "gguf"
+    return cache_dir("gguf")
 
 
 def cache_dir_for(gguf_path: str | os.PathLike[str]) -> Path:

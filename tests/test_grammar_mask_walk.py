@@ -1,4 +1,6 @@
-"""The trie walk's shortcuts (text subtrees, the tail walked by runs) against a per-token walk.
+"""The trie walks against a per-token walk: the numpy walk's shortcuts (text subtrees, the tail
+walked by runs) and the native depth-first walk, each from a fresh walk table (rows filled as
+the walk reaches them).
 
 The reference reads each token's bytes through the automaton's rows one by one; the walk must
 allow exactly the tokens it does, in every state a few texts pass through.
@@ -12,9 +14,10 @@ import pytest
 from automaton_walk import allowed_tokens
 from transformers import AutoTokenizer
 
-from radixflow.grammars import GrammarCompiler
+from radixflow.grammars import GrammarCompiler, masks
 from radixflow.grammars.automaton import RegexAutomaton
-from radixflow.grammars.masks import WalkTable, compute_mask, node_values
+from radixflow.grammars.masks import WalkTable, node_values
+from radixflow.grammars.native_walk import trie_walk
 from radixflow.grammars.regex_ir import parse_regex
 from radixflow.grammars.tokenizer_index import _build_index
 
@@ -25,8 +28,18 @@ def reference_ids(index, automaton, state: int) -> set[int]:
     return set(np.flatnonzero(allowed_tokens(index, automaton, state)).tolist())
 
 
-def walk_ids(index, automaton, state: int) -> set[int]:
-    words = compute_mask(index, WalkTable(automaton), state)
+@pytest.fixture(params=["numpy", "native"])
+def mask_walk(request, monkeypatch):
+    """compute_mask by one walk: (index, table, state) -> packed mask."""
+    if request.param == "numpy":
+        monkeypatch.setattr(masks, "trie_walk", lambda: None)
+    elif trie_walk() is None:
+        pytest.skip("the native trie walk is not built here (no C compiler)")
+    return masks.compute_mask
+
+
+def walk_ids(mask_walk, index, automaton, state: int) -> set[int]:
+    words = mask_walk(index, WalkTable(automaton), state)
     bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: index.vocab_size]
     return set(np.flatnonzero(bits).tolist())
 
@@ -90,7 +103,7 @@ INSTANCE = {
 }
 
 
-def test_walk_matches_per_token_reference_on_a_json_schema(smollm):
+def test_walk_matches_per_token_reference_on_a_json_schema(smollm, mask_walk):
     """Object names beside declared ones (text subtrees), a counted string (plain depths and a
     tail with no fixed point), free strings (free text) and a `[#-]*` pattern (runs that loop)."""
     grammar = smollm.compile_json_schema(SCHEMA)
@@ -98,7 +111,8 @@ def test_walk_matches_per_token_reference_on_a_json_schema(smollm):
     text = json.dumps(INSTANCE, separators=(",", ":"), ensure_ascii=False).encode()
     subtrees = 0
     for state in sorted(set(byte_states(automaton, text))):
-        assert walk_ids(index, automaton, state) == reference_ids(index, automaton, state), state
+        got = walk_ids(mask_walk, index, automaton, state)
+        assert got == reference_ids(index, automaton, state), state
         if WalkTable(automaton).text_states(state) is None:
             subtrees += node_values(index, WalkTable(automaton), state)[2] is not None
     assert subtrees >= 2  # the shortcut under test was taken
@@ -117,7 +131,7 @@ def test_walk_matches_per_token_reference_on_a_json_schema(smollm):
     ],
 )
 @pytest.mark.parametrize("many_levels", [False, True])
-def test_tail_runs_match_per_token_reference(pattern, texts, many_levels):
+def test_tail_runs_match_per_token_reference(pattern, texts, many_levels, mask_walk):
     """A vocabulary of long runs (several tail levels, runs past the tail depth that loop, count
     and die) walked from states along the texts; with a long token that is no run (a level per
     byte at any tail depth), the index has no tail and the walk goes by depth to the end."""
@@ -137,4 +151,5 @@ def test_tail_runs_match_per_token_reference(pattern, texts, many_levels):
     automaton = RegexAutomaton(parse_regex(pattern))
     for text in texts:
         for state in set(byte_states(automaton, text.encode())):
-            assert walk_ids(index, automaton, state) == reference_ids(index, automaton, state)
+            got = walk_ids(mask_walk, index, automaton, state)
+            assert got == reference_ids(index, automaton, state)

@@ -1,0 +1,104 @@
+"""The native trie walk: built once per machine, chosen or refused by the environment, a clear
+fallback to the numpy walk, and the same masks as the per-token reference (tokens that share
+their bytes included)."""
+
+import subprocess
+
+import numpy as np
+import pytest
+from automaton_walk import allowed_tokens
+
+from radixflow.grammars import masks, native_walk
+from radixflow.grammars.automaton import RegexAutomaton
+from radixflow.grammars.masks import WalkTable, compute_mask
+from radixflow.grammars.regex_ir import parse_regex
+from radixflow.grammars.tokenizer_index import _build_index
+
+
+@pytest.fixture
+def fresh_walk(monkeypatch, tmp_path):
+    """`trie_walk()` decided anew, building into an empty cache; decided anew after too."""
+    monkeypatch.setenv("RADIXFLOW_CACHE_DIR", str(tmp_path))
+    native_walk.trie_walk.cache_clear()
+    yield tmp_path / "grammar_native"
+    native_walk.trie_walk.cache_clear()
+
+
+def test_builds_once_into_the_cache(fresh_walk, monkeypatch):
+    if native_walk.compiler() is None:
+        pytest.skip("no C compiler on this machine: the fallback test covers it")
+    assert native_walk.trie_walk() is not None
+    assert native_walk.describe() == "native trie walk"
+    built = sorted(p.name for p in fresh_walk.iterdir())
+    assert len(built) == 1 and built[0].startswith("trie_walk-") and built[0].endswith(".so")
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(subprocess, "run", no_compile)
+    native_walk.trie_walk.cache_clear()
+    assert native_walk.trie_walk() is not None  # the built library is loaded as it is
+
+
+@pytest.mark.parametrize("cc", ["false", "/nonexistent/cc"])
+def test_failed_build_falls_back_to_the_numpy_walk(fresh_walk, monkeypatch, cc):
+    monkeypatch.setenv("CC", cc)
+    with pytest.warns(UserWarning, match="building the native grammar trie walk failed"):
+        assert native_walk.trie_walk() is None
+    assert native_walk.describe() == "numpy trie walk"
+    assert not fresh_walk.exists() or not list(fresh_walk.iterdir())  # no half-built file
+    index = _build_index([None, b"a", b"ab", b"b"], (0,))
+    automaton = RegexAutomaton(parse_regex("ab?"))
+    words = compute_mask(index, WalkTable(automaton), automaton.initial)
+    assert np.unpackbits(words.view(np.uint8), bitorder="little")[:4].tolist() == [0, 1, 1, 0]
+
+
+def test_environment_chooses_the_numpy_walk(fresh_walk, monkeypatch):
+    monkeypatch.setenv(native_walk.NATIVE_ENV, "0")
+    assert native_walk.trie_walk() is None
+    assert native_walk.describe() == "numpy trie walk"
+    assert not fresh_walk.exists()
+
+
+def test_tokens_with_the_same_bytes_and_rows_filled_during_the_walk():
+    """Vocabularies where several tokens spell the same bytes (byte-fallback pieces beside
+    their characters), walked from fresh tables so rows are filled as the walk reaches them:
+    the native walk, the numpy walk and the per-token reference allow the same tokens."""
+    if native_walk.trie_walk() is None:
+        pytest.skip("the native trie walk is not built here (no C compiler)")
+    rng = np.random.default_rng(7)
+    alphabet = b'ab{}":,0123456789 '
+    tokens = {bytes([b]) for b in alphabet}
+    while len(tokens) < 400:
+        tokens.add(bytes(rng.choice(list(alphabet), size=int(rng.integers(2, 9)))))
+    vocab = [None, *sorted(tokens)]
+    vocab += [vocab[int(i)] for i in rng.integers(1, len(vocab), size=60)]  # same bytes again
+    index = _build_index(vocab, (0,))
+    assert index.same_bytes_token.size >= 50
+    for pattern in (r'\{"a":[0-9]{1,4},"b":"[ab ]{0,12}"\}', r"(ab|ba)*[0-9]?", r"[^:]{2,30}"):
+        automaton = RegexAutomaton(parse_regex(pattern))
+        states, frontier = {automaton.initial}, [automaton.initial]
+        while frontier and len(states) < 60:  # breadth-first over the reachable states
+            row = automaton.row(frontier.pop(0))
+            for s in set(row.tolist()) - {-1} - states:
+                states.add(s)
+                frontier.append(s)
+        for state in sorted(states):
+            native = masks.compute_mask(index, WalkTable(automaton), state)
+            numpy = masks.numpy_mask(index, WalkTable(automaton), state)
+            want = allowed_tokens(index, automaton, state)
+            got = np.unpackbits(native.view(np.uint8), bitorder="little").astype(bool)
+            assert (got == want).all(), (pattern, state)
+            assert (native == numpy).all(), (pattern, state)
+
+
+def test_an_index_dropped_drops_its_native_view():
+    if native_walk.trie_walk() is None:
+        pytest.skip("the native trie walk is not built here (no C compiler)")
+    index = _build_index([None, b"x", b"xy"], (0,))
+    automaton = RegexAutomaton(parse_regex("xy"))
+    compute_mask(index, WalkTable(automaton), automaton.initial)
+    key = id(index)
+    assert key in native_walk._TRIES
+    del index
+    assert key not in native_walk._TRIES
