@@ -164,7 +164,8 @@ def native_mask(
     words = np.zeros(index.num_words + 1, dtype=np.uint32)  # the last: nodes without a token
     first_pending = trie.max_depth + 1
     scratch = np.empty(first_pending + 2 * index.num_nodes, dtype=np.int32)
-    roots = np.array([0, table.value(state)], dtype=np.int32)  # (node, its value) pairs
+    roots = np.array([0, table.value(state)], dtype=np.int32)  # (node, parent's value) pairs
+    out = (scratch.ctypes.data, words.ctypes.data)
     while True:
         flat = table.flat
         pending = fn(
@@ -173,16 +174,12 @@ def native_mask(
             ctypes.addressof(trie),
             roots.ctypes.data,
             roots.shape[0] // 2,
-            scratch.ctypes.data,
-            words.ctypes.data,
+            *out,
         )
         if not pending:
             break
-        at, parent = scratch[first_pending : first_pending + 2 * pending].reshape(-1, 2).T
-        table.fill((np.unique(parent >> 8) - 1).tolist())
-        child = table.flat.take(parent + index.pre_byte.take(at))
-        alive = child != 0
-        roots = np.stack([at[alive], child[alive]], axis=1).ravel()
+        roots = scratch[first_pending : first_pending + 2 * pending].copy()
+        table.fill(sorted({(v >> 8) - 1 for v in roots[1::2].tolist()}))
     words = words[:-1]
     if index.same_bytes_token.size:
         src = index.same_bytes_as

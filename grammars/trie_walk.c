@@ -5,7 +5,7 @@
  * its subtree in one step, and `vals[d]` holds the value of the current node of depth d (its
  * ancestors are the nodes last seen at each smaller depth). Every alive node sets the bits of
  * the tokens its prefix spells. A node whose parent's row is not filled yet is handed back
- * with its subtree unwalked; the caller fills the rows and walks those nodes as new roots.
+ * with its subtree unwalked; the caller fills the rows and hands those nodes back as roots.
  */
 #include <stdint.h>
 
@@ -17,9 +17,10 @@ struct trie { /* the index's preorder arrays (tokenizer_index.py) */
     int64_t max_depth;
 };
 
-/* Walk the subtrees of `roots` (pairs: preorder number, the node's own value, not dead) and
- * set the bits of the tokens alive in `words`. `scratch` holds max_depth + 1 values, then the
- * pending pairs (preorder number, parent's value) written here; returns how many. */
+/* Walk the subtrees of `roots` (pairs: preorder number, its parent's value; for node 0, the
+ * root, its own value) and set the bits of the tokens alive in `words`. `scratch` holds
+ * max_depth + 1 values, then the pending pairs (preorder number, parent's value) written here;
+ * returns how many. */
 int64_t rf_trie_walk(const int32_t *flat, int64_t flat_len, const struct trie *t,
                      const int32_t *roots, int64_t num_roots, int32_t *scratch,
                      uint32_t *words) {
@@ -31,9 +32,12 @@ int64_t rf_trie_walk(const int32_t *flat, int64_t flat_len, const struct trie *t
     for (int64_t r = 0; r < num_roots; r++) {
         int64_t i = roots[2 * r];
         const int64_t end = i + size[i];
-        vals[depth[i]] = roots[2 * r + 1];
-        words[token[i] >> 5] |= 1u << (token[i] & 31);
-        i++;
+        if (i == 0) {
+            vals[0] = roots[2 * r + 1];
+            i++;
+        } else {
+            vals[depth[i] - 1] = roots[2 * r + 1];
+        }
         while (i < end) {
             const int32_t d = depth[i];
             const int32_t parent = vals[d - 1];

@@ -3,6 +3,7 @@ fallback to the numpy walk, and the same masks as the per-token reference (token
 their bytes included)."""
 
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -102,3 +103,37 @@ def test_an_index_dropped_drops_its_native_view():
     assert key in native_walk._TRIES
     del index
     assert key not in native_walk._TRIES
+
+
+def test_threads_walking_grammars_of_one_index_at_once():
+    """The C walk runs without the GIL: threads filling masks of several grammars over one
+    tokenizer index at once (each grammar's rows built as they go) get the masks one thread
+    gets alone."""
+    if native_walk.trie_walk() is None:
+        pytest.skip("the native trie walk is not built here (no C compiler)")
+    rng = np.random.default_rng(3)
+    alphabet = b'ab{}":,0123456789 '
+    tokens = {bytes([b]) for b in alphabet}
+    while len(tokens) < 3000:
+        tokens.add(bytes(rng.choice(list(alphabet), size=int(rng.integers(2, 12)))))
+    index = _build_index([None, *sorted(tokens)], (0,))
+    patterns = [r'\{"a":[0-9]{1,6}\}', r"[ab ]{0,40}", r'"[0-9:]*"', r"(ab|b{2,5}|[0-9])*,"]
+
+    def masks_of(pattern: str) -> list[np.ndarray]:
+        automaton = RegexAutomaton(parse_regex(pattern))
+        table, out, frontier, seen = WalkTable(automaton), [], [automaton.initial], set()
+        while frontier and len(out) < 40:
+            state = frontier.pop(0)
+            if state in seen:
+                continue
+            seen.add(state)
+            out.append(compute_mask(index, table, state))
+            frontier.extend(s for s in automaton.row(state).tolist() if s >= 0)
+        return out
+
+    alone = [masks_of(p) for p in patterns]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(masks_of, patterns * 3))
+    for i, got in enumerate(together):
+        want = alone[i % len(patterns)]
+        assert len(got) == len(want) and all((a == b).all() for a, b in zip(got, want, strict=True))
