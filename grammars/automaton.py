@@ -1,7 +1,8 @@
 """Byte automata the matcher walks: a regex DFA, and the protocol grammar automata follow.
 
 An automaton has int states (-1 = dead), an `initial` state, `row(s)` (int32[256] successors,
-computed on first use) and `is_accepting(s)`. States are immutable facts about the remaining
+computed on first use), `row_pointers()` (each computed row's address, 0 before: the native
+trie walk reads the rows in place) and `is_accepting(s)`. States are immutable facts about the remaining
 language, so masks and forced text are cached per state. What it builds lazily counts against
 its `budget` (see `budget`), which the compiled grammar binds to its limits.
 """
@@ -23,6 +24,8 @@ class ByteAutomaton(Protocol):
     budget: GrammarBudget
 
     def row(self, state: int) -> np.ndarray: ...
+
+    def row_pointers(self) -> np.ndarray: ...
 
     def is_accepting(self, state: int) -> bool: ...
 
@@ -46,6 +49,9 @@ class RegexAutomaton:
 
     def row(self, state: int) -> np.ndarray:
         return self.dfa.row(state)
+
+    def row_pointers(self) -> np.ndarray:
+        return self.dfa.states.pointers
 
     def is_accepting(self, state: int) -> bool:
         return self._final in self.dfa.sets[state]

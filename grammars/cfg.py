@@ -438,5 +438,8 @@ class GrammarAutomaton:
     def row(self, state: int) -> np.ndarray:
         return self.states.row(state, self._compute_row)
 
+    def row_pointers(self) -> np.ndarray:
+        return self.states.pointers
+
     def is_accepting(self, state: int) -> bool:
         return any(fresh and node.accepting for node, _lex, fresh in self.sets[state])

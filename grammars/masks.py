@@ -1,8 +1,8 @@
 """Allowed-token masks: a vectorized walk of the token trie through a byte automaton.
 
 `compute_mask` walks in C where the native walk is built (`native_walk`, depth-first over the
-same walk table); the numpy walk below is its fallback and twin, and the tests hold both to a
-per-token reference.
+automaton's own rows; the walk table below is then never filled); the numpy walk below is its
+fallback and twin, and the tests hold both to a per-token reference.
 
 The walk goes one trie depth at a time and keeps, for every trie node, the automaton state
 reached by reading its bytes from the start state (dead where the automaton stops). Each
@@ -82,7 +82,7 @@ class WalkTable:
 
     def __init__(self, automaton: ByteAutomaton):
         self.automaton = automaton
-        self.flat = np.full(257 * 256, _PENDING, dtype=np.int32)
+        self.flat = np.full(2 * 256, _PENDING, dtype=np.int32)  # grown as rows are filled
         self.flat[:256] = _DEAD
         self._plain: dict[int, int | None] = {}
         self._text: dict[int, list[int] | None] = {}
@@ -357,7 +357,7 @@ def compute_mask(index: TokenizerIndex, table: WalkTable, state: int) -> np.ndar
     fn = trie_walk()
     if fn is None:
         return numpy_mask(index, table, state)
-    words = native_mask(fn, index, table, state)
+    words = native_mask(fn, index, table.automaton, state)
     if table.automaton.is_accepting(state):
         _set_bits(words, np.array(index.eos_ids, dtype=np.int64))
     return words

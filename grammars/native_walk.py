@@ -2,9 +2,9 @@
 
 The numpy walk (`masks`) goes one trie depth at a time, a dozen array calls per depth; the C
 walk goes depth-first and skips a dead node's subtree in one step, so a mask costs about the
-nodes it reaches alive. Both read the same lazily filled `WalkTable`: the C walk hands back
-the nodes whose parent's row is not filled yet, Python fills those rows (the automaton builds
-them) and the walk goes on below them.
+nodes it reaches alive. The C walk reads the automaton's rows where they are kept (through
+`row_pointers()`, no copy): it hands back the nodes whose parent's row is not computed yet,
+Python computes those rows and hands the nodes back, one round per level of new rows.
 
 The source is compiled once per machine with the system C compiler (`$CC`, else `cc`, `gcc`
 or `clang`; `-O2`, no CPU-specific flags) into `$RADIXFLOW_CACHE_DIR/grammar_native` (default
@@ -30,16 +30,13 @@ import warnings
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from radixflow.cache import cache_dir
 
+from .automaton import ByteAutomaton
 from .tokenizer_index import TokenizerIndex
-
-if TYPE_CHECKING:
-    from .masks import WalkTable
 
 logger = logging.getLogger(__name__)
 
@@ -156,21 +153,21 @@ def _trie(index: TokenizerIndex) -> _Trie:
 
 
 def native_mask(
-    fn: Callable[..., int], index: TokenizerIndex, table: WalkTable, state: int
+    fn: Callable[..., int], index: TokenizerIndex, automaton: ByteAutomaton, state: int
 ) -> np.ndarray:
     """Packed int32[num_words] mask of the tokens whose bytes `state` reads (EOS not added),
-    by the C walk `fn`."""
+    by the C walk `fn` over the automaton's rows (computing those it reaches first)."""
     trie = _trie(index)
     words = np.zeros(index.num_words + 1, dtype=np.uint32)  # the last: nodes without a token
     first_pending = trie.max_depth + 1
     scratch = np.empty(first_pending + 2 * index.num_nodes, dtype=np.int32)
-    roots = np.array([0, table.value(state)], dtype=np.int32)  # (node, parent's value) pairs
+    roots = np.array([0, state], dtype=np.int32)  # (node, parent's state) pairs
     out = (scratch.ctypes.data, words.ctypes.data)
     while True:
-        flat = table.flat
+        rows = automaton.row_pointers()  # held while the walk reads it (growth replaces it)
         pending = fn(
-            flat.ctypes.data,
-            flat.shape[0],
+            rows.ctypes.data,
+            rows.shape[0],
             ctypes.addressof(trie),
             roots.ctypes.data,
             roots.shape[0] // 2,
@@ -179,7 +176,8 @@ def native_mask(
         if not pending:
             break
         roots = scratch[first_pending : first_pending + 2 * pending].copy()
-        table.fill(sorted({(v >> 8) - 1 for v in roots[1::2].tolist()}))
+        for parent in set(roots[1::2].tolist()):
+            automaton.row(parent)
     words = words[:-1]
     if index.same_bytes_token.size:
         src = index.same_bytes_as

@@ -3,7 +3,9 @@
 A state is a hashable set (of NFA states, or of parser positions) interned to an int; its row
 is an int32[256] of successor states (-1 = dead), computed the first time someone asks and
 kept as its own array: a table of all states would be copied each time it grew, and a large
-automaton's growth copied megabytes in the middle of a mask.
+automaton's growth copied megabytes in the middle of a mask. `pointers` holds each computed
+row's address (0 before), for the native trie walk (`native_walk`), which reads the rows where
+they are.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from .budget import GrammarBudget
 
 DICT_ENTRY_BYTES = 100  # a dict or set slot, its hash and key tuple, roughly
 ROW_BYTES = np.empty(256, dtype=np.int32).nbytes + sys.getsizeof(np.empty(0)) + 8
+POINTER_BYTES = 8
 
 
 class StateRows:
-    """States by id (`sets`), ids by state, and each state's row (None until computed)."""
+    """States by id (`sets`), ids by state, each state's row (None until computed) and the
+    rows' addresses (`pointers`, int64, at least one per state; replaced as it grows)."""
 
     def __init__(self, budget: GrammarBudget, elements: str):
         self.budget = budget
@@ -28,6 +32,8 @@ class StateRows:
         self.sets: list[Collection[Hashable]] = []
         self._ids: dict[Collection[Hashable], int] = {}
         self._rows: list[np.ndarray | None] = []
+        self.pointers = np.zeros(64, dtype=np.int64)
+        budget.charge(self.pointers.nbytes)
 
     def __len__(self) -> int:
         return len(self.sets)
@@ -42,6 +48,9 @@ class StateRows:
             got = self._ids[key] = len(self.sets)
             self.sets.append(key)
             self._rows.append(None)
+            if got == self.pointers.shape[0]:
+                self.budget.charge(got * POINTER_BYTES)
+                self.pointers = np.concatenate([self.pointers, np.zeros(got, dtype=np.int64)])
         return got
 
     def row(self, state: int, compute: Callable[[int], np.ndarray]) -> np.ndarray:
@@ -49,6 +58,7 @@ class StateRows:
         got = self._rows[state]
         if got is None:
             self.budget.check_time()
-            got = self._rows[state] = compute(state)
+            got = self._rows[state] = np.ascontiguousarray(compute(state), dtype=np.int32)
             self.budget.charge(ROW_BYTES)
+            self.pointers[state] = got.ctypes.data
         return got

@@ -131,8 +131,8 @@ def test_each_budget_stops_a_growing_grammar(tok, kind, source, limits, budget):
 
 
 def test_cache_holds_its_bytes_least_recently_used_out(tok):
-    budget = 2**20
-    compiler = GrammarCompiler(tok, cache_mb=1.0)
+    budget = 2**19
+    compiler = GrammarCompiler(tok, cache_mb=0.5)
     first = compiler.compile_regex("[ab]{0,300}")
     assert 0 < compiler.cache_nbytes <= budget
     _walk_a(first.matcher(), 300)  # a grammar grows as its states are visited ...
@@ -145,8 +145,13 @@ def test_cache_holds_its_bytes_least_recently_used_out(tok):
     assert first_ref() is None  # dropped, and nothing else holds it
     refs = []
     for n in range(8):
-        refs.append(weakref.ref(compiler.compile_regex(f"x{{{400 + n}}}")))
+        grammar = compiler.compile_regex(f"[ab]{{0,{300 + n}}}")
         assert compiler.cache_nbytes <= budget
+        _walk_a(grammar.matcher(), 150)  # each grows to well over a tenth of the budget
+        refs.append(weakref.ref(grammar))
+        del grammar
+    compiler.compile_regex("b")
+    assert compiler.cache_nbytes <= budget
     gc.collect()
     assert refs[0]() is None  # least recently used out first
     assert refs[-1]() is not None

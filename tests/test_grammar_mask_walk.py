@@ -34,7 +34,9 @@ def mask_walk(request, monkeypatch):
     if request.param == "numpy":
         monkeypatch.setattr(masks, "trie_walk", lambda: None)
     elif trie_walk() is None:
-        pytest.skip("the native trie walk is not built here (no C compiler)")
+        pytest.skip(
+            "the native trie walk is not in use here (no C compiler, or RADIXFLOW_GRAMMAR_NATIVE=0)"
+        )
     return masks.compute_mask
 
 

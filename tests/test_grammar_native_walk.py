@@ -17,9 +17,19 @@ from radixflow.grammars.tokenizer_index import _build_index
 
 
 @pytest.fixture
+def native():
+    """Skips where masks do not walk in C."""
+    if native_walk.trie_walk() is None:
+        pytest.skip(
+            "the native trie walk is not in use here (no C compiler, or RADIXFLOW_GRAMMAR_NATIVE=0)"
+        )
+
+
+@pytest.fixture
 def fresh_walk(monkeypatch, tmp_path):
     """`trie_walk()` decided anew, building into an empty cache; decided anew after too."""
     monkeypatch.setenv("RADIXFLOW_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(native_walk.NATIVE_ENV, raising=False)
     native_walk.trie_walk.cache_clear()
     yield tmp_path / "grammar_native"
     native_walk.trie_walk.cache_clear()
@@ -61,12 +71,10 @@ def test_environment_chooses_the_numpy_walk(fresh_walk, monkeypatch):
     assert not fresh_walk.exists()
 
 
-def test_tokens_with_the_same_bytes_and_rows_filled_during_the_walk():
+def test_tokens_with_the_same_bytes_and_rows_filled_during_the_walk(native):
     """Vocabularies where several tokens spell the same bytes (byte-fallback pieces beside
     their characters), walked from fresh tables so rows are filled as the walk reaches them:
     the native walk, the numpy walk and the per-token reference allow the same tokens."""
-    if native_walk.trie_walk() is None:
-        pytest.skip("the native trie walk is not built here (no C compiler)")
     rng = np.random.default_rng(7)
     alphabet = b'ab{}":,0123456789 '
     tokens = {bytes([b]) for b in alphabet}
@@ -93,9 +101,7 @@ def test_tokens_with_the_same_bytes_and_rows_filled_during_the_walk():
             assert (native == numpy).all(), (pattern, state)
 
 
-def test_an_index_dropped_drops_its_native_view():
-    if native_walk.trie_walk() is None:
-        pytest.skip("the native trie walk is not built here (no C compiler)")
+def test_an_index_dropped_drops_its_native_view(native):
     index = _build_index([None, b"x", b"xy"], (0,))
     automaton = RegexAutomaton(parse_regex("xy"))
     compute_mask(index, WalkTable(automaton), automaton.initial)
@@ -105,12 +111,10 @@ def test_an_index_dropped_drops_its_native_view():
     assert key not in native_walk._TRIES
 
 
-def test_threads_walking_grammars_of_one_index_at_once():
+def test_threads_walking_grammars_of_one_index_at_once(native):
     """The C walk runs without the GIL: threads filling masks of several grammars over one
     tokenizer index at once (each grammar's rows built as they go) get the masks one thread
     gets alone."""
-    if native_walk.trie_walk() is None:
-        pytest.skip("the native trie walk is not built here (no C compiler)")
     rng = np.random.default_rng(3)
     alphabet = b'ab{}":,0123456789 '
     tokens = {bytes([b]) for b in alphabet}
