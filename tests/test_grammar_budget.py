@@ -147,7 +147,7 @@ def test_cache_holds_its_bytes_least_recently_used_out(tok):
     for n in range(8):
         grammar = compiler.compile_regex(f"[ab]{{0,{300 + n}}}")
         assert compiler.cache_nbytes <= budget
-        _walk_a(grammar.matcher(), 150)  # each grows to well over a tenth of the budget
+        _walk_a(grammar.matcher(), 60)  # each grows to a third to a half of the budget
         refs.append(weakref.ref(grammar))
         del grammar
     compiler.compile_regex("b")
