@@ -358,6 +358,10 @@ def compute_mask(index: TokenizerIndex, table: WalkTable, state: int) -> np.ndar
     if fn is None:
         return numpy_mask(index, table, state)
     words = native_mask(fn, index, table.automaton, state)
+    if index.same_bytes_token.size:  # the walk set one token per node: copy its bit over
+        src = index.same_bytes_as
+        on = (words.view(np.uint32).take(src >> 5) >> (src & 31).astype(np.uint32)) & 1
+        _set_bits(words, index.same_bytes_token[on.astype(bool)])
     if table.automaton.is_accepting(state):
         _set_bits(words, np.array(index.eos_ids, dtype=np.int64))
     return words

@@ -155,8 +155,9 @@ def _trie(index: TokenizerIndex) -> _Trie:
 def native_mask(
     fn: Callable[..., int], index: TokenizerIndex, automaton: ByteAutomaton, state: int
 ) -> np.ndarray:
-    """Packed int32[num_words] mask of the tokens whose bytes `state` reads (EOS not added),
-    by the C walk `fn` over the automaton's rows (computing those it reaches first)."""
+    """Packed int32[num_words] mask of the tokens whose bytes `state` reads, one per trie node
+    (`index.pre_token`: EOS and tokens that repeat a lower token's bytes not added), by the C
+    walk `fn` over the automaton's rows (computing those it reaches first)."""
     trie = _trie(index)
     words = np.zeros(index.num_words + 1, dtype=np.uint32)  # the last: nodes without a token
     first_pending = trie.max_depth + 1
@@ -178,10 +179,4 @@ def native_mask(
         roots = scratch[first_pending : first_pending + 2 * pending].copy()
         for parent in set(roots[1::2].tolist()):
             automaton.row(parent)
-    words = words[:-1]
-    if index.same_bytes_token.size:
-        src = index.same_bytes_as
-        on = (words.take(src >> 5) >> (src & 31).astype(np.uint32)) & 1
-        dst = index.same_bytes_token[on.astype(bool)]
-        np.bitwise_or.at(words, dst >> 5, np.left_shift(np.uint32(1), (dst & 31).astype(np.uint32)))
-    return words.view(np.int32)
+    return words[:-1].view(np.int32)
