@@ -93,7 +93,8 @@ class NFA:
         self.budget: GrammarBudget | None = None  # set by the LazyDFA that walks it
         self.nbytes = 0
         self.facts = IrFacts(self.check)
-        # None: not made yet (a lifted state's moves or edges, made on first use)
+        # None: not made yet (a lifted state's moves and edges, a node state's moves from
+        # `_todo`), made on first use
         self._eps: list[tuple[int, ...] | None] = []
         self._edges: list[tuple[tuple[int, int, int], ...] | None] = []
         self._todo: dict[int, tuple[object, object, int]] = {}  # state -> (node, arg, next)
@@ -121,14 +122,15 @@ class NFA:
             self.budget.charge(nbytes)
         self.nbytes += nbytes
 
-    def new_state(self, lazy: bool = False) -> int:
-        """A state without moves or edges yet (`lazy`: both made on first use)."""
+    def new_state(self, lazy: bool = False, moves_later: bool = False) -> int:
+        """A state without moves or edges yet (`lazy`: both made on first use; `moves_later`:
+        its moves made on first use from its `_todo` entry)."""
         if len(self._eps) >= MAX_NFA_STATES:
             raise GrammarBudgetExceeded(
                 "MAX_NFA_STATES", f"more than {MAX_NFA_STATES} NFA states, the limit per grammar"
             )
         self._charge(_NFA_STATE_BYTES)
-        self._eps.append(None if lazy else ())
+        self._eps.append(None if lazy or moves_later else ())
         self._edges.append(None if lazy else ())
         return len(self._eps) - 1
 
@@ -150,10 +152,8 @@ class NFA:
         """The epsilon moves of `state`, made now if they were not yet."""
         eps = self._eps[state]
         if eps is None:
-            return self._unwrap(state, True)
-        todo = self._todo.pop(state, None)
-        if todo is not None:
-            eps = self._node_moves(state, todo)
+            todo = self._todo.pop(state, None)
+            return self._unwrap(state, True) if todo is None else self._node_moves(state, todo)
         return eps
 
     def edges(self, state: int) -> tuple[tuple[int, int, int], ...]:
@@ -209,7 +209,7 @@ class NFA:
         to a state whose list is made, then back up, lifting the list once per level."""
         lists = self._eps if moves else self._edges
         chain = []
-        while lists[state] is None:
+        while lists[state] is None and state in self._lifted:  # else: moves from `_todo`
             chain.append(state)
             state = self._lifted[state][0]
         inner = self.moves(state) if moves else lists[state]
@@ -241,7 +241,7 @@ class NFA:
         key = (id(node), arg, nxt)  # `facts` keeps every node it has seen alive
         got = self._ids.get(key)
         if got is None:
-            got = self._ids[key] = self.new_state()
+            got = self._ids[key] = self.new_state(moves_later=True)
             self._todo[got] = (node, arg, nxt)
         return got
 
@@ -380,10 +380,13 @@ class LazyDFA:
     def closure(self, states: tuple[int, ...]) -> tuple[int, ...]:
         """NFA states with byte edges or tags reachable from `states` by epsilon moves, less
         the counted ones another subsumes (`NFA.prune`)."""
-        # One search from all of them: closures of single states overlap (nested optional
-        # repeats), and keeping each one would cost their summed sizes.
         self.budget.check_time()
         nfa = self.nfa
+        made = nfa._eps  # read in place: this loop is most of a new row's time
+        if len(states) == 1 and made[states[0]] == ():  # a state with no moves: itself
+            return states if nfa.has_edges(states[0]) or states[0] in nfa.tags else ()
+        # One search from all of them: closures of single states overlap (nested optional
+        # repeats), and keeping each one would cost their summed sizes.
         seen = set(states)
         stack = list(states)
         steps = 0
@@ -391,7 +394,9 @@ class LazyDFA:
             steps += 1
             if steps % _CHECK_EVERY == 0:
                 nfa.check()
-            for t in nfa.moves(stack.pop()):
+            state = stack.pop()
+            moves = made[state]
+            for t in nfa.moves(state) if moves is None else moves:
                 if t not in seen:
                     seen.add(t)
                     stack.append(t)
@@ -400,7 +405,10 @@ class LazyDFA:
 
     def intern(self, nfa_states) -> int:
         """DFA id of the closure of `nfa_states` (negative ones ignored); -1 when empty."""
-        targets = tuple(sorted({s for s in nfa_states if s >= 0}))
+        return self._target_id(tuple(sorted({s for s in nfa_states if s >= 0})))
+
+    def _target_id(self, targets: tuple[int, ...]) -> int:
+        """DFA id of the closure of `targets` (sorted, distinct, none negative)."""
         got = self._by_targets.get(targets)
         if got is not None:
             return got
@@ -414,13 +422,20 @@ class LazyDFA:
         return self.states.row(state, self._compute_row)
 
     def _compute_row(self, state: int) -> np.ndarray:
-        edges = sorted(e for s in self.sets[state] for e in self.nfa.edges(s))
+        nfa = self.nfa
+        made = nfa._edges
+        edges = []
+        for s in self.sets[state]:
+            got = made[s]
+            edges.extend(nfa.edges(s) if got is None else got)
+        edges.sort()
         row = _DEAD_ROW.copy()
+        by_targets = self._by_targets
         if all(e[1] < f[0] for e, f in zip(edges, edges[1:], strict=False)):
             # No two edges share a byte (a literal, a character class): one target each.
             for lo, hi, t in edges:
-                got = self._by_targets.get((t,))
-                row[lo : hi + 1] = self.intern((t,)) if got is None else got
+                got = by_targets.get((t,))
+                row[lo : hi + 1] = self._target_id((t,)) if got is None else got
             return row
         # Sweep the byte axis: targets enter at an edge's low byte and leave after its high one.
         events: dict[int, list[tuple[int, int]]] = {}
@@ -437,7 +452,9 @@ class LazyDFA:
                 else:
                     del active[t]
             if active:
-                row[a:b] = self.intern(active)
+                key = tuple(sorted(active))
+                got = by_targets.get(key)
+                row[a:b] = self._target_id(key) if got is None else got
         return row
 
     def tags(self, state: int) -> tuple[int, ...]:
