@@ -94,10 +94,12 @@ class NFA:
         self.nbytes = 0
         self.facts = IrFacts(self.check)
         # None: not made yet (a lifted state's moves and edges, a node state's moves from
-        # `_todo`), made on first use
+        # `_todo`, a literal run's edges from `_run_todo`), made on first use
         self._eps: list[tuple[int, ...] | None] = []
         self._edges: list[tuple[tuple[int, int, int], ...] | None] = []
         self._todo: dict[int, tuple[object, object, int]] = {}  # state -> (node, arg, next)
+        self._runs: dict[tuple[int, int, int], int] = {}  # (id(Seq), i, next) -> state
+        self._run_todo: dict[int, tuple[Seq, int, int]] = {}  # state -> (Seq, i, next)
         self._ids: dict[tuple, int] = {}  # (id(node), arg, next) -> state
         self._shared: dict[tuple, int] = {}  # character states by ranges and continuation
         self._ends: dict[int, int] = {}  # id(counted node) -> the end state of its body
@@ -122,16 +124,19 @@ class NFA:
             self.budget.charge(nbytes)
         self.nbytes += nbytes
 
-    def new_state(self, lazy: bool = False, moves_later: bool = False) -> int:
-        """A state without moves or edges yet (`lazy`: both made on first use; `moves_later`:
-        its moves made on first use from its `_todo` entry)."""
+    def new_state(
+        self,
+        moves: tuple[int, ...] | None = (),
+        edges: tuple[tuple[int, int, int], ...] | None = (),
+    ) -> int:
+        """A state with `moves` and `edges` (None: made on first use)."""
         if len(self._eps) >= MAX_NFA_STATES:
             raise GrammarBudgetExceeded(
                 "MAX_NFA_STATES", f"more than {MAX_NFA_STATES} NFA states, the limit per grammar"
             )
         self._charge(_NFA_STATE_BYTES)
-        self._eps.append(None if lazy or moves_later else ())
-        self._edges.append(None if lazy else ())
+        self._eps.append(moves)
+        self._edges.append(edges)
         return len(self._eps) - 1
 
     def add(self, node, nxt: int) -> int:
@@ -157,17 +162,19 @@ class NFA:
         return eps
 
     def edges(self, state: int) -> tuple[tuple[int, int, int], ...]:
-        """The byte edges (lo, hi, target) of `state`."""
+        """The byte edges (lo, hi, target) of `state`, made now if they were not yet."""
         edges = self._edges[state]
         if edges is None:
-            return self._unwrap(state, False)
+            run = self._run_todo.pop(state, None)
+            return self._unwrap(state, False) if run is None else self._run_edges(state, run)
         return edges
 
     def has_edges(self, state: int) -> bool:
-        """Whether `state` has byte edges (without making a lifted state's)."""
+        """Whether `state` has byte edges (without making a lifted state's or a run's)."""
         while state in self._lifted:
             state = self._lifted[state][0]
-        return bool(self._edges[state])
+        edges = self._edges[state]
+        return edges is None or bool(edges)  # None: a literal run's, which are never empty
 
     def prune(self, states: list[int]) -> list[int]:
         """`states` less the lifted ones that another one subsumes: the same place in the same
@@ -209,10 +216,10 @@ class NFA:
         to a state whose list is made, then back up, lifting the list once per level."""
         lists = self._eps if moves else self._edges
         chain = []
-        while lists[state] is None and state in self._lifted:  # else: moves from `_todo`
+        while lists[state] is None and state in self._lifted:  # else: from `_todo`, a run
             chain.append(state)
             state = self._lifted[state][0]
-        inner = self.moves(state) if moves else lists[state]
+        inner = self.moves(state) if moves else self.edges(state)
         for lifted in reversed(chain):
             _x, end, target = self._lifted[lifted]
             if moves:
@@ -233,7 +240,7 @@ class NFA:
         key = (state, end, target)
         got = self._lifts.get(key)
         if got is None:
-            got = self._lifts[key] = self.new_state(lazy=True)
+            got = self._lifts[key] = self.new_state(None, None)
             self._lifted[got] = key
         return got
 
@@ -241,7 +248,7 @@ class NFA:
         key = (id(node), arg, nxt)  # `facts` keeps every node it has seen alive
         got = self._ids.get(key)
         if got is None:
-            got = self._ids[key] = self.new_state(moves_later=True)
+            got = self._ids[key] = self.new_state(moves=None)
             self._todo[got] = (node, arg, nxt)
         return got
 
@@ -259,17 +266,32 @@ class NFA:
     def _rest(self, node: Seq, i: int, nxt: int) -> int:
         """State reading `node.items[i:]`, then going on to `nxt`.
 
-        A run of characters at its head is built at once, right to left (a literal costs its
-        length whenever it is reached); the item after the run waits in a state of its own.
+        Characters followed by characters (a literal) are a run state whose edges, to the run
+        state of the next position, are made when a row first reads them: a walk that reads
+        two letters of a property name builds two states, not the name. The last character of
+        a run is a shared character state; the item after the run waits in a state of its own.
         """
         items = node.items
-        j = i
-        while j < len(items) and isinstance(items[j], Chars):
-            j += 1
-        target = nxt if j == len(items) else self._state(node, j, nxt)
-        for k in range(j - 1, i - 1, -1):
-            target = self._chars(items[k].ranges, target)
-        return target
+        if i + 1 < len(items) and isinstance(items[i], Chars) and isinstance(items[i + 1], Chars):
+            key = (id(node), i, nxt)
+            got = self._runs.get(key)
+            if got is None:
+                got = self._runs[key] = self.new_state(edges=None)
+                self._run_todo[got] = (node, i, nxt)
+            return got
+        if i < len(items) and isinstance(items[i], Chars):
+            target = nxt if i + 1 == len(items) else self._state(node, i + 1, nxt)
+            return self._chars(items[i].ranges, target)
+        return nxt if i == len(items) else self._state(node, i, nxt)
+
+    def _run_edges(self, state: int, run: tuple[Seq, int, int]) -> tuple:
+        """The edges of a literal run's state: its character, to the rest of the run."""
+        node, i, nxt = run
+        edges = self._edges[state] = self._char_edges(
+            node.items[i].ranges, self._rest(node, i + 1, nxt)
+        )
+        self._charge(len(edges) * _EDGE_BYTES)
+        return edges
 
     def _end(self, node) -> int:
         got = self._ends.get(id(node))
@@ -336,17 +358,20 @@ class NFA:
         got = self._shared.get(key)
         if got is not None:
             return got
-        sequences = _sequences(ranges)
-        if not sequences:
+        if not _sequences(ranges):
             self._shared[key] = -1
             return -1
-        start = self._shared[key] = self.new_state()
-        self._edges[start] = tuple(
-            (seq[0][0], seq[0][1], nxt if len(seq) == 1 else self._tail(seq[1:], nxt))
-            for seq in sequences
-        )
-        self._charge(len(sequences) * _EDGE_BYTES + DICT_ENTRY_BYTES)
+        edges = self._char_edges(ranges, nxt)
+        start = self._shared[key] = self.new_state(edges=edges)
+        self._charge(len(edges) * _EDGE_BYTES + DICT_ENTRY_BYTES)
         return start
+
+    def _char_edges(self, ranges: Ranges, nxt: int) -> tuple[tuple[int, int, int], ...]:
+        """Edges reading one code point of `ranges` (its UTF-8 bytes), then going to `nxt`."""
+        return tuple(
+            (seq[0][0], seq[0][1], nxt if len(seq) == 1 else self._tail(seq[1:], nxt))
+            for seq in _sequences(ranges)
+        )
 
     def _tail(self, ranges: tuple, nxt: int) -> int:
         """State reading the byte ranges of a multi-byte sequence's tail, then going to `nxt`."""
@@ -354,8 +379,7 @@ class NFA:
         got = self._shared.get(key)
         if got is None:
             target = nxt if len(ranges) == 1 else self._tail(ranges[1:], nxt)
-            got = self._shared[key] = self.new_state()
-            self._edges[got] = ((ranges[0][0], ranges[0][1], target),)
+            got = self._shared[key] = self.new_state(edges=((ranges[0][0], ranges[0][1], target),))
             self._charge(_EDGE_BYTES + DICT_ENTRY_BYTES)
         return got
 

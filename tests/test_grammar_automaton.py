@@ -124,6 +124,20 @@ def test_nullable_bodies_do_not_run_through_the_counts():
     assert walk(auto, "abb") < 0
 
 
+def test_a_literal_costs_what_a_walk_reads_of_it():
+    # 300 words of 40 characters, no two ending alike (the whole language: 12,000 NFA
+    # states): a walk that reads three characters builds the positions it reached.
+    rng = random.Random(3)
+    words = [f"{i:03d}" + "".join(rng.choice("abcdefgh") for _ in range(37)) for i in range(300)]
+    auto = RegexAutomaton(Alt(tuple(literal(w) for w in words)))
+    state = walk(auto, "123")
+    assert state >= 0 and not auto.is_accepting(state)
+    assert len(auto.dfa.nfa) < 1_000, len(auto.dfa.nfa)
+    assert auto.is_accepting(walk(auto, words[123]))
+    assert walk(auto, words[123][:-1] + "y") < 0
+    assert walk(auto, "3") < 0
+
+
 def test_deep_ir_compiles_without_recursion():
     node = Chars(((ord("z"), ord("z")),))
     for i in range(20_000):
