@@ -94,7 +94,7 @@ class RadixflowNumpyWalk(Radixflow):
     name = "radixflow-numpy"
 
     def __init__(self, tok, vocab):
-        from radixflow.grammars.native_walk import NATIVE_ENV
+        from radixflow.grammars.native_build import NATIVE_ENV
 
         os.environ[NATIVE_ENV] = "0"  # read once, at this worker's first mask
         super().__init__(tok, vocab)

@@ -1,114 +1,46 @@
-"""The trie walk in C (`trie_walk.c`), built on first use, with the numpy walk as its twin.
+"""The trie walk in C (`trie_walk.c`), built on first use (`native_build`), with the numpy walk
+as its twin.
 
 The numpy walk (`masks`) goes one trie depth at a time, a dozen array calls per depth; the C
 walk goes depth-first and skips a dead node's subtree in one step, so a mask costs about the
 nodes it reaches alive. The C walk reads the automaton's rows where they are kept (through
 `row_pointers()`, no copy): it hands back the nodes whose parent's row is not computed yet,
 Python computes those rows and hands the nodes back, one round per level of new rows.
-
-The source is compiled once per machine with the system C compiler (`$CC`, else `cc`, `gcc`
-or `clang`; `-O2`, no CPU-specific flags) into `$RADIXFLOW_CACHE_DIR/grammar_native` (default
-`~/.cache/radixflow/grammar_native`), named for a hash of the source, the compiler and the
-architecture; it is written under a temporary name and renamed into place, so processes
-building at once never load half a file. Without a compiler, or when the build fails, one
-warning says why and masks use the numpy walk; `RADIXFLOW_GRAMMAR_NATIVE=0` chooses the numpy
-walk. `describe()` says which walk is in use.
+`describe()` says which walk is in use.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import uuid
-import warnings
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from radixflow.cache import cache_dir
-
 from .automaton import ByteAutomaton
+from .native_build import load_native
 from .tokenizer_index import TokenizerIndex
 
-logger = logging.getLogger(__name__)
-
 SOURCE = Path(__file__).with_name("trie_walk.c")
-NATIVE_ENV = "RADIXFLOW_GRAMMAR_NATIVE"
-CFLAGS = ("-O2", "-shared", "-fPIC")
-BUILD_TIMEOUT_S = 120
 _P = ctypes.c_void_p
 _ARGTYPES = (_P, ctypes.c_int64, _P, _P, ctypes.c_int64, _P, _P)
 
 
-def compiler() -> str | None:
-    """The C compiler to build with: `$CC`, else the first of cc, gcc, clang on PATH."""
-    if os.environ.get("CC"):
-        return os.environ["CC"]
-    return next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
-
-
-def _build(cc: str) -> Path:
-    """Path of the compiled library, building it when this machine has not yet."""
-    ident = SOURCE.read_bytes() + f"|{cc}|{' '.join(CFLAGS)}|{platform.machine()}".encode()
-    folder = cache_dir("grammar_native")
-    lib = folder / f"trie_walk-{hashlib.sha256(ident).hexdigest()[:16]}.so"
-    if lib.exists():
-        return lib
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{lib.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        subprocess.run(
-            [cc, *CFLAGS, "-o", str(tmp), str(SOURCE)],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-        )
-        os.replace(tmp, lib)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return lib
+def _load(lib: Path) -> Callable[..., int]:
+    fn = ctypes.CDLL(str(lib)).rf_trie_walk
+    fn.argtypes = _ARGTYPES
+    fn.restype = ctypes.c_int64
+    return fn
 
 
 @functools.cache
 def trie_walk() -> Callable[..., int] | None:
     """The C walk, or None (the numpy walk) with the reason logged or warned once."""
-    if os.environ.get(NATIVE_ENV, "1") == "0":
-        logger.info("grammar masks: numpy trie walk (%s=0)", NATIVE_ENV)
-        return None
-    cc = compiler()
-    if cc is None:
-        warnings.warn(
-            "no C compiler found (set CC, or install cc/gcc/clang): grammar masks use the "
-            "slower numpy trie walk",
-            stacklevel=2,
-        )
-        return None
-    try:
-        fn = ctypes.CDLL(str(_build(cc))).rf_trie_walk
-    except subprocess.CalledProcessError as exc:
-        reason = f"{cc} failed: {(exc.stderr or '').strip()[-500:]}"
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        reason = f"{type(exc).__name__}: {exc}"
-    else:
-        fn.argtypes = _ARGTYPES
-        fn.restype = ctypes.c_int64
-        logger.info("grammar masks: native trie walk (%s)", SOURCE.name)
-        return fn
-    warnings.warn(
-        f"building the native grammar trie walk failed ({reason}); grammar masks use the "
-        "slower numpy trie walk",
-        stacklevel=2,
+    return load_native(
+        "grammar trie walk", "grammar masks use the slower numpy trie walk", SOURCE, _load
     )
-    return None
 
 
 def describe() -> str:

@@ -47,6 +47,7 @@ import time
 import numpy as np
 
 from .budget import GrammarBudget, GrammarBudgetExceeded
+from .native_rows import dfa_rows
 from .regex_facts import IrFacts
 from .regex_ir import Alt, Chars, Dfa, Ranges, Repeat, Seq, utf8_sequences
 from .states import DICT_ENTRY_BYTES, StateRows
@@ -400,11 +401,14 @@ class LazyDFA:
         self._tags: dict[int, tuple[int, ...]] = {}
         self.states = StateRows(self.budget, "NFA states")
         self.sets = self.states.sets
+        self._native = dfa_rows()  # the C twin of `closure` and `_compute_row`, or None
 
     def closure(self, states: tuple[int, ...]) -> tuple[int, ...]:
         """NFA states with byte edges or tags reachable from `states` by epsilon moves, less
         the counted ones another subsumes (`NFA.prune`)."""
         self.budget.check_time()
+        if self._native is not None:
+            return self._native.closure(self.nfa, states)
         nfa = self.nfa
         made = nfa._eps  # read in place: this loop is most of a new row's time
         if len(states) == 1 and made[states[0]] == ():  # a state with no moves: itself
@@ -446,6 +450,10 @@ class LazyDFA:
         return self.states.row(state, self._compute_row)
 
     def _compute_row(self, state: int) -> np.ndarray:
+        if self._native is not None:
+            row = _DEAD_ROW.copy()
+            self._native.fill_row(self, self.nfa, self.sets[state], row)
+            return row
         nfa = self.nfa
         made = nfa._edges
         edges = []

@@ -410,12 +410,13 @@ def startup_summary(engine: Any) -> str:
 
 
 def _grammar_backend(config: EngineConfig) -> str:
-    """The grammar backend; ours with the trie walk its masks use (native or numpy, and why)."""
+    """The grammar backend; ours with the trie walk its masks use and the code its automaton
+    rows use (native or the Python twins)."""
     if config.grammar_backend != "radixflow":
         return config.grammar_backend
-    from radixflow.grammars.native_walk import describe  # here: config imports no torch
+    from radixflow.grammars import native_rows, native_walk  # here: config imports no torch
 
-    return f"radixflow, {describe()}"
+    return f"radixflow, {native_walk.describe()}, {native_rows.describe()}"
 
 
 def _kernels(engine: Any) -> str:

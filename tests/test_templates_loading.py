@@ -11,7 +11,7 @@ import transformers
 from tiny_models import make_tiny_model_dir
 
 import radixflow as rf
-from radixflow.grammars import native_walk
+from radixflow.grammars import native_rows, native_walk
 from radixflow.runtime.chat_templates import BUILTIN_TEMPLATES, resolve_chat_template
 from radixflow.runtime.model_loader import load_checkpoint, sampling_defaults, with_defaults
 
@@ -114,7 +114,7 @@ def test_startup_summary_and_request_log(model_dir, caplog):
         "KV pool 256 tokens",
         "GiB",
         "attention torch",
-        f"grammar backend radixflow, {native_walk.describe()}",
+        f"grammar backend radixflow, {native_walk.describe()}, {native_rows.describe()}",
     ):
         assert part in summary
     request = next(line for line in lines if line.startswith("request "))

@@ -1,0 +1,99 @@
+"""Grammar code in C, built on first use with the system C compiler: the trie walk
+(`native_walk`, a plain library loaded through ctypes) and the lazy DFA's closures and rows
+(`native_rows`, a Python extension module). Each has its Python twin, which runs where the C
+is not built.
+
+A source is compiled once per machine (`$CC`, else `cc`, `gcc` or `clang`; `-O2`, no
+CPU-specific flags) into `$RADIXFLOW_CACHE_DIR/grammar_native` (default
+`~/.cache/radixflow/grammar_native`), named for a hash of the source, the flags, the compiler
+and the architecture; it is written under a temporary name and renamed into place, so
+processes building at once never load half a file. Without a compiler, or when a build or load
+fails, one warning says why and the Python twin runs; `RADIXFLOW_GRAMMAR_NATIVE=0` chooses the
+twins for all of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import uuid
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from radixflow.cache import cache_dir
+
+logger = logging.getLogger(__name__)
+
+NATIVE_ENV = "RADIXFLOW_GRAMMAR_NATIVE"
+CFLAGS = ("-O2", "-shared", "-fPIC")
+BUILD_TIMEOUT_S = 120
+T = TypeVar("T")
+
+
+def compiler() -> str | None:
+    """The C compiler to build with: `$CC`, else the first of cc, gcc, clang on PATH."""
+    if os.environ.get("CC"):
+        return os.environ["CC"]
+    return next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+
+
+def build(source: Path, cc: str, flags: tuple[str, ...] = ()) -> Path:
+    """Path of `source` compiled as a shared library, building it when this machine has not."""
+    args = (*CFLAGS, *flags)
+    ident = source.read_bytes() + f"|{cc}|{' '.join(args)}|{platform.machine()}".encode()
+    folder = cache_dir("grammar_native")
+    lib = folder / f"{source.stem}-{hashlib.sha256(ident).hexdigest()[:16]}.so"
+    if lib.exists():
+        return lib
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{lib.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        subprocess.run(
+            [cc, *args, "-o", str(tmp), str(source)],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+        )
+        os.replace(tmp, lib)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return lib
+
+
+def load_native(
+    what: str,
+    fallback: str,
+    source: Path,
+    load: Callable[[Path], T],
+    flags: tuple[str, ...] = (),
+) -> T | None:
+    """`load` of `source` built (see `build`), or None when the environment, the compiler, the
+    build or the load says no: logged, or warned with the reason ("building the native
+    `what` failed (...); `fallback`")."""
+    if os.environ.get(NATIVE_ENV, "1") == "0":
+        logger.info("%s: off (%s=0)", what, NATIVE_ENV)
+        return None
+    cc = compiler()
+    if cc is None:
+        warnings.warn(
+            f"no C compiler found (set CC, or install cc/gcc/clang): {fallback}", stacklevel=3
+        )
+        return None
+    try:
+        got = load(build(source, cc, flags))
+    except subprocess.CalledProcessError as exc:
+        reason = f"{cc} failed: {(exc.stderr or '').strip()[-500:]}"
+    except (OSError, ImportError, subprocess.TimeoutExpired) as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    else:
+        logger.info("%s: native (%s)", what, source.name)
+        return got
+    warnings.warn(f"building the native {what} failed ({reason}); {fallback}", stacklevel=3)
+    return None

@@ -1,0 +1,150 @@
+"""The lazy DFA's rows in C: built once per machine, refused with a clear fallback, and the
+same automaton as the Python code (its states, their numbers, every row) on regexes and JSON
+schemas; what a callback raises inside it (a budget, the clock) comes through."""
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from radixflow.grammars import native_build, native_rows, nfa
+from radixflow.grammars.automaton import RegexAutomaton
+from radixflow.grammars.budget import GrammarBudgetExceeded, GrammarLimits
+from radixflow.grammars.json_schema import schema_to_ir
+from radixflow.grammars.json_schema_resolve import canonical_schema
+from radixflow.grammars.nfa import Deadline
+from radixflow.grammars.regex_ir import parse_regex
+
+
+@pytest.fixture
+def native():
+    """Skips where rows are not computed in C."""
+    if native_rows.dfa_rows() is None:
+        pytest.skip(
+            "the native lazy DFA rows are not in use here (no C compiler or Python headers, "
+            "or RADIXFLOW_GRAMMAR_NATIVE=0)"
+        )
+
+
+@pytest.fixture
+def fresh_rows(monkeypatch, tmp_path):
+    """`dfa_rows()` decided anew, building into an empty cache; decided anew after too."""
+    monkeypatch.setenv("RADIXFLOW_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(native_build.NATIVE_ENV, raising=False)
+    native_rows.dfa_rows.cache_clear()
+    yield tmp_path / "grammar_native"
+    native_rows.dfa_rows.cache_clear()
+
+
+def explored(automaton, limit: int = 400) -> list[np.ndarray]:
+    """Rows of the states reachable from the initial one, breadth-first, at most `limit`."""
+    rows, frontier, seen = [], [automaton.initial], {automaton.initial}
+    while frontier and len(rows) < limit:
+        row = automaton.row(frontier.pop(0))
+        rows.append(row)
+        for s in dict.fromkeys(row.tolist()):
+            if s >= 0 and s not in seen:
+                seen.add(s)
+                frontier.append(s)
+    return rows
+
+
+def both(make, monkeypatch):
+    """`make()` with rows in C, then with the Python code."""
+    with_c = make()
+    assert with_c.dfa._native is not None
+    with monkeypatch.context() as m:
+        m.setattr(nfa, "dfa_rows", lambda: None)
+        twin = make()
+    assert twin.dfa._native is None
+    return with_c, twin
+
+
+def schema_automaton(schema):
+    ir, defs = schema_to_ir(canonical_schema(schema), None, Deadline(None))
+    assert not defs
+    return RegexAutomaton(ir)
+
+
+PATTERNS = [
+    r"[a-z]{0,300}x",  # a counter: lifted states, pruned
+    r"(a?b?){0,50}c",  # an ambiguous counted body
+    r"(ab|a|b{2,7}|[0-9]+)*;",
+    r"[^\"\\]{1,40}|\\u[0-9a-f]{4}",  # multi-byte UTF-8 tails
+    r"(alpha|beta|gamma|delta|epsilon|alphabet|betamax)+",  # literal runs sharing prefixes
+    r"[\u0400-\u04ff\u4e00-\u4eff]{2,9}[^a-z]?",
+]
+SCHEMAS = [
+    {
+        "type": "object",
+        "properties": {"metadata": {"type": "string"}, "meta": {"type": "integer"}},
+        "required": ["meta"],
+    },  # "any other name" automata beside declared names
+    {"type": "array", "items": {"type": "string", "maxLength": 12, "pattern": "^[a-c]+$"}},
+    {"enum": ["red", "green", "greenish", 17, None]},
+    {"type": "integer", "minimum": -125, "maximum": 99999},
+]
+
+
+@pytest.mark.parametrize("make", [*PATTERNS, *range(len(SCHEMAS))])
+def test_the_same_automaton_as_the_python_code(native, monkeypatch, make):
+    build = (
+        (lambda: RegexAutomaton(parse_regex(make)))
+        if isinstance(make, str)
+        else (lambda: schema_automaton(SCHEMAS[make]))
+    )
+    with_c, twin = both(build, monkeypatch)
+    rows_c, rows_twin = explored(with_c), explored(twin)
+    assert len(rows_c) == len(rows_twin) > 5
+    for a, b in zip(rows_c, rows_twin, strict=True):
+        assert np.array_equal(a, b)
+    assert with_c.dfa.sets == twin.dfa.sets  # the same NFA sets, numbered alike
+    assert len(with_c.dfa.nfa) == len(twin.dfa.nfa)
+
+
+def test_a_budget_raised_inside_comes_through(native, monkeypatch):
+    """`max_states` is checked by Python code the C row calls back into: its error reaches
+    the caller, and the automaton goes on answering within the rows already made."""
+    with_c, twin = both(lambda: RegexAutomaton(parse_regex(r"[a-z]{0,300}x")), monkeypatch)
+    for automaton in (with_c, twin):
+        automaton.budget.bind(GrammarLimits(max_states=40))
+        with pytest.raises(GrammarBudgetExceeded, match="max_states"):
+            explored(automaton)
+        assert len(automaton.dfa.sets) <= 40
+    assert with_c.dfa.sets == twin.dfa.sets
+    assert np.array_equal(with_c.row(with_c.initial), twin.row(twin.initial))
+
+
+def test_builds_once_into_the_cache(fresh_rows, monkeypatch):
+    if native_build.compiler() is None:
+        pytest.skip("no C compiler on this machine: the fallback test covers it")
+    assert native_rows.dfa_rows() is not None
+    assert native_rows.describe() == "native rows"
+    built = sorted(p.name for p in fresh_rows.iterdir())
+    assert len(built) == 1 and built[0].startswith("dfa_rows-") and built[0].endswith(".so")
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(subprocess, "run", no_compile)
+    native_rows.dfa_rows.cache_clear()
+    assert native_rows.dfa_rows() is not None  # the built module is loaded as it is
+
+
+@pytest.mark.parametrize("cc", ["false", "/nonexistent/cc"])
+def test_failed_build_falls_back_to_the_python_code(fresh_rows, monkeypatch, cc):
+    monkeypatch.setenv("CC", cc)
+    with pytest.warns(UserWarning, match="building the native lazy DFA rows failed"):
+        assert native_rows.dfa_rows() is None
+    assert native_rows.describe() == "Python rows"
+    assert not fresh_rows.exists() or not list(fresh_rows.iterdir())  # no half-built file
+    automaton = RegexAutomaton(parse_regex("ab?"))
+    assert automaton.dfa._native is None
+    assert automaton.is_accepting(int(automaton.row(automaton.initial)[ord("a")]))
+
+
+def test_environment_chooses_the_python_code(fresh_rows, monkeypatch):
+    monkeypatch.setenv(native_build.NATIVE_ENV, "0")
+    assert native_rows.dfa_rows() is None
+    assert native_rows.describe() == "Python rows"
+    assert not fresh_rows.exists()
