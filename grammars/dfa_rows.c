@@ -111,6 +111,16 @@ static PyObject *tuple_of(const long *v, Py_ssize_t n) {
     return out;
 }
 
+/* list[i] (borrowed), or NULL with IndexError: a state number the NFA never made is a bug to
+ * report, not memory to read */
+static PyObject *item(PyObject *list, long i) {
+    if (i < 0 || i >= PyList_GET_SIZE(list)) {
+        PyErr_Format(PyExc_IndexError, "dfa_rows: NFA state %ld does not exist", i);
+        return NULL;
+    }
+    return PyList_GET_ITEM(list, i);
+}
+
 /* dict[int] -> borrowed value or NULL (no error set when absent) */
 static PyObject *get_int_key(PyObject *dict, long key) {
     PyObject *k = PyLong_FromLong(key);
@@ -131,7 +141,8 @@ static int has_edges(PyObject *edges, PyObject *lifted, long s) {
         s = PyLong_AsLong(PyTuple_GET_ITEM(lift, 0));
         if (s == -1 && PyErr_Occurred()) return -1;
     }
-    PyObject *e = PyList_GET_ITEM(edges, s);
+    PyObject *e = item(edges, s);
+    if (e == NULL) return -1;
     return e == Py_None || PyTuple_GET_SIZE(e) > 0;
 }
 
@@ -243,7 +254,8 @@ static PyObject *closure(PyObject *self, PyObject *args) {
     if (n == 1) { /* a state with no moves is its own closure */
         long s = PyLong_AsLong(PyTuple_GET_ITEM(states, 0));
         if (s == -1 && PyErr_Occurred()) goto done;
-        PyObject *m = PyList_GET_ITEM(nfa.eps, s);
+        PyObject *m = item(nfa.eps, s);
+        if (m == NULL) goto done;
         if (m != Py_None && PyTuple_GET_SIZE(m) == 0) {
             int e = has_edges(nfa.edges, nfa.lifted, s);
             if (e < 0) goto done;
@@ -271,7 +283,8 @@ static PyObject *closure(PyObject *self, PyObject *args) {
             Py_DECREF(r);
         }
         long s = stack.v[--stack.n];
-        PyObject *m = PyList_GET_ITEM(nfa.eps, s), *made = NULL;
+        PyObject *m = item(nfa.eps, s), *made = NULL;
+        if (m == NULL) goto done;
         if (m == Py_None) {
             PyObject *key = PyLong_FromLong(s);
             if (key == NULL) goto done;
@@ -281,7 +294,7 @@ static PyObject *closure(PyObject *self, PyObject *args) {
         }
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(m); i++) {
             long t = PyLong_AsLong(PyTuple_GET_ITEM(m, i));
-            int added = set_add(&seen, t);
+            int added = t == -1 && PyErr_Occurred() ? -1 : set_add(&seen, t);
             if (added < 0 || (added && (longs_push(&found, t) < 0 || longs_push(&stack, t) < 0))) {
                 Py_XDECREF(made);
                 goto done;
@@ -364,7 +377,8 @@ static PyObject *fill_row(PyObject *self, PyObject *args) {
         PyObject *s = PyTuple_GET_ITEM(states, i);
         long si = PyLong_AsLong(s);
         if (si == -1 && PyErr_Occurred()) goto done;
-        PyObject *list = PyList_GET_ITEM(edges, si), *made = NULL;
+        PyObject *list = item(edges, si), *made = NULL;
+        if (list == NULL) goto done;
         if (list == Py_None) {
             made = list = PyObject_CallOneArg(edges_fn, s);
             if (list == NULL) goto done;
