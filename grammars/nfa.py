@@ -147,7 +147,14 @@ class NFA:
         if isinstance(node, Chars):
             return self._chars(node.ranges, nxt)
         if isinstance(node, Seq):
-            return self._rest(node, 0, nxt)
+            # A sequence is its first item, then the rest: no state of its own waits before the
+            # first item (a loop, however deep sequences that start with one nest).
+            while node.items and isinstance(node.items[0], Seq):
+                nxt = self._rest(node, 1, nxt)
+                node = node.items[0]
+            if not node.items or isinstance(node.items[0], Chars):
+                return self._rest(node, 0, nxt)
+            return self.add(node.items[0], self._rest(node, 1, nxt))
         if isinstance(node, Dfa):
             return self._counter(node, (node.start, 0), nxt)
         return (

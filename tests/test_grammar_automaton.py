@@ -146,6 +146,14 @@ def test_deep_ir_compiles_without_recursion():
     text = "".join(chr(97 + i % 3) for i in reversed(range(20_000))) + "z"
     assert auto.is_accepting(walk(auto, text))
     assert walk(auto, text[:-1] + "y") < 0
+    # Sequences that start with a sequence, as deep: read first item first, in a loop.
+    node = Chars(((ord("z"), ord("z")),))
+    for i in range(20_000):
+        node = Seq((node, Chars(((97 + i % 3, 97 + i % 3),))))
+    auto = RegexAutomaton(node)
+    text = "z" + "".join(chr(97 + i % 3) for i in range(20_000))
+    assert auto.is_accepting(walk(auto, text))
+    assert walk(auto, "zb") < 0
 
 
 def test_only_the_visited_part_of_a_large_alternation_is_built():
