@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.machinery
 import importlib.util
+import sys
 import sysconfig
 from pathlib import Path
 from types import ModuleType
@@ -36,13 +37,13 @@ def _load(lib: Path) -> ModuleType:
 def dfa_rows() -> ModuleType | None:
     """The C module (`closure`, `fill_row`), or None (the Python twin) with the reason logged
     or warned once."""
-    include = sysconfig.get_paths()["include"]
+    # The include path names the Python version, which the build's hash covers; macOS links
+    # an extension's Python symbols when it is loaded, not when it is built.
+    flags = (f"-I{sysconfig.get_paths()['include']}",)
+    if sys.platform == "darwin":
+        flags += ("-undefined", "dynamic_lookup")
     return load_native(
-        "lazy DFA rows",
-        "automaton rows use the slower Python code",
-        SOURCE,
-        _load,
-        (f"-I{include}",),  # its path names the Python version, which the build's hash covers
+        "lazy DFA rows", "automaton rows use the slower Python code", SOURCE, _load, flags
     )
 
 
