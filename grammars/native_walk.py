@@ -25,7 +25,7 @@ from .tokenizer_index import TokenizerIndex
 
 SOURCE = Path(__file__).with_name("trie_walk.c")
 _P = ctypes.c_void_p
-_ARGTYPES = (_P, ctypes.c_int64, _P, _P, ctypes.c_int64, _P, _P)
+_ARGTYPES = (_P, ctypes.c_int64, _P, _P, ctypes.c_int64, _P, _P, _P)
 
 
 def _load(lib: Path) -> Callable[..., int]:
@@ -93,9 +93,11 @@ def native_mask(
     trie = _trie(index)
     words = np.zeros(index.num_words + 1, dtype=np.uint32)  # the last: nodes without a token
     first_pending = trie.max_depth + 1
-    scratch = np.empty(first_pending + 2 * index.num_nodes, dtype=np.int32)
+    first_missing = first_pending + 2 * index.num_nodes
+    scratch = np.empty(first_missing + index.num_nodes, dtype=np.int32)
+    num_missing = np.zeros(1, dtype=np.int64)
     roots = np.array([0, state], dtype=np.int32)  # (node, parent's state) pairs
-    out = (scratch.ctypes.data, words.ctypes.data)
+    out = (scratch.ctypes.data, words.ctypes.data, num_missing.ctypes.data)
     while True:
         rows = automaton.row_pointers()  # held while the walk reads it (growth replaces it)
         pending = fn(
@@ -109,6 +111,7 @@ def native_mask(
         if not pending:
             break
         roots = scratch[first_pending : first_pending + 2 * pending].copy()
-        for parent in set(roots[1::2].tolist()):
+        missing = scratch[first_missing : first_missing + int(num_missing[0])]
+        for parent in set(missing.tolist()):
             automaton.row(parent)
     return words[:-1].view(np.int32)

@@ -20,16 +20,21 @@ struct trie { /* the index's preorder arrays (tokenizer_index.py) */
 
 /* Walk the subtrees of `roots` (pairs: preorder number, its parent's state; for node 0, the
  * root, its own state) and set the bits of the tokens alive in `words`. `scratch` holds
- * max_depth + 1 states, then the pending pairs (preorder number, parent's state) written here;
- * returns how many. */
+ * max_depth + 1 states, then room for the pending pairs (preorder number, parent's state) and
+ * then for the states whose rows they wait for, written here (2 and 1 slots per trie node);
+ * returns how many pairs, and the number of those states in `*num_missing` (each once when
+ * its nodes come one after another, as siblings do: a dense state hands back tens of thousands
+ * of nodes waiting for a few rows). */
 int64_t rf_trie_walk(const int64_t *rows, int64_t num_rows, const struct trie *t,
                      const int32_t *roots, int64_t num_roots, int32_t *scratch,
-                     uint32_t *words) {
+                     uint32_t *words, int64_t *num_missing) {
     const uint8_t *byte = t->byte;
     const int32_t *depth = t->depth, *size = t->size;
     const int32_t *token = t->token;
     int32_t *states = scratch, *pending = scratch + t->max_depth + 1;
+    int32_t *missing = pending + 2 * (int64_t)size[0];
     int64_t num_pending = 0;
+    *num_missing = 0;
     for (int64_t r = 0; r < num_roots; r++) {
         int64_t i = roots[2 * r];
         const int64_t end = i + size[i];
@@ -47,6 +52,8 @@ int64_t rf_trie_walk(const int64_t *rows, int64_t num_rows, const struct trie *t
                 pending[2 * num_pending] = (int32_t)i;
                 pending[2 * num_pending + 1] = parent;
                 num_pending++;
+                if (*num_missing == 0 || missing[*num_missing - 1] != parent)
+                    missing[(*num_missing)++] = parent;
                 i += size[i];
                 continue;
             }
