@@ -4,8 +4,8 @@ as its twin.
 The numpy walk (`masks`) goes one trie depth at a time, a dozen array calls per depth; the C
 walk goes depth-first and skips a dead node's subtree in one step, so a mask costs about the
 nodes it reaches alive. The C walk reads the automaton's rows where they are kept (through
-`row_pointers()`, no copy): it hands back the nodes whose parent's row is not computed yet,
-Python computes those rows and hands the nodes back, one round per level of new rows.
+`row_pointers()`, no copy); where a row is not computed yet it calls back into Python, which
+computes it and hands back the rows' addresses, and the walk goes on from the same node.
 `describe()` says which walk is in use.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +26,9 @@ from .tokenizer_index import TokenizerIndex
 
 SOURCE = Path(__file__).with_name("trie_walk.c")
 _P = ctypes.c_void_p
-_ARGTYPES = (_P, ctypes.c_int64, _P, _P, ctypes.c_int64, _P, _P, _P)
+# int64_t fill(int32_t state, int64_t *num_rows): the rows' addresses once state's row is made
+_FILL = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int32, ctypes.POINTER(ctypes.c_int64))
+_ARGTYPES = (_P, ctypes.c_int64, _P, ctypes.c_int32, _P, _P, _FILL)
 
 
 def _load(lib: Path) -> Callable[..., int]:
@@ -84,6 +87,30 @@ def _trie(index: TokenizerIndex) -> _Trie:
     return got
 
 
+class _Walk(threading.local):
+    """What the running walk's row callback works on, per thread (one callback serves all)."""
+
+    automaton: ByteAutomaton
+    rows: np.ndarray  # the rows' addresses the C walk reads, held while it reads them
+    error: BaseException | None
+
+
+_WALK = _Walk()
+
+
+@_FILL
+def _fill(state: int, num_rows) -> int:
+    walk = _WALK
+    try:
+        walk.automaton.row(state)
+        walk.rows = walk.automaton.row_pointers()
+    except BaseException as exc:  # noqa: BLE001 - handed to the caller, ctypes would drop it
+        walk.error = exc
+        return 0
+    num_rows[0] = walk.rows.shape[0]
+    return walk.rows.ctypes.data
+
+
 def native_mask(
     fn: Callable[..., int], index: TokenizerIndex, automaton: ByteAutomaton, state: int
 ) -> np.ndarray:
@@ -92,26 +119,23 @@ def native_mask(
     walk `fn` over the automaton's rows (computing those it reaches first)."""
     trie = _trie(index)
     words = np.zeros(index.num_words + 1, dtype=np.uint32)  # the last: nodes without a token
-    first_pending = trie.max_depth + 1
-    first_missing = first_pending + 2 * index.num_nodes
-    scratch = np.empty(first_missing + index.num_nodes, dtype=np.int32)
-    num_missing = np.zeros(1, dtype=np.int64)
-    roots = np.array([0, state], dtype=np.int32)  # (node, parent's state) pairs
-    out = (scratch.ctypes.data, words.ctypes.data, num_missing.ctypes.data)
-    while True:
-        rows = automaton.row_pointers()  # held while the walk reads it (growth replaces it)
-        pending = fn(
-            rows.ctypes.data,
-            rows.shape[0],
+    states = np.empty(trie.max_depth + 1, dtype=np.int32)
+    walk = _WALK
+    walk.automaton, walk.rows, walk.error = automaton, automaton.row_pointers(), None
+    try:
+        failed = fn(
+            walk.rows.ctypes.data,
+            walk.rows.shape[0],
             ctypes.addressof(trie),
-            roots.ctypes.data,
-            roots.shape[0] // 2,
-            *out,
+            state,
+            states.ctypes.data,
+            words.ctypes.data,
+            _fill,
         )
-        if not pending:
-            break
-        roots = scratch[first_pending : first_pending + 2 * pending].copy()
-        missing = scratch[first_missing : first_missing + int(num_missing[0])]
-        for parent in set(missing.tolist()):
-            automaton.row(parent)
+        error = walk.error
+    finally:
+        del walk.automaton, walk.rows
+        walk.error = None
+    if failed:
+        raise error or RuntimeError("the native trie walk stopped without an error")
     return words[:-1].view(np.int32)
