@@ -1,8 +1,7 @@
-"""The lazy DFA's rows in C: built once per machine, refused with a clear fallback, and the
-same automaton as the Python code (its states, their numbers, every row) on regexes and JSON
-schemas; what a callback raises inside it (a budget, the clock) comes through."""
-
-import subprocess
+"""The lazy DFA's rows in C: refused with a clear fallback (its build once per machine:
+`test_grammar_native_build`), and the same automaton as the Python code (its states, their
+numbers, every row) on regexes and JSON schemas; what a callback raises inside it (a budget,
+the clock) comes through."""
 
 import numpy as np
 import pytest
@@ -113,22 +112,6 @@ def test_a_budget_raised_inside_comes_through(native, monkeypatch):
         assert len(automaton.dfa.sets) <= 40
     assert with_c.dfa.sets == twin.dfa.sets
     assert np.array_equal(with_c.row(with_c.initial), twin.row(twin.initial))
-
-
-def test_builds_once_into_the_cache(fresh_rows, monkeypatch):
-    if native_build.compiler() is None:
-        pytest.skip("no C compiler on this machine: the fallback test covers it")
-    assert native_rows.dfa_rows() is not None
-    assert native_rows.describe() == "native rows"
-    built = sorted(p.name for p in fresh_rows.iterdir())
-    assert len(built) == 1 and built[0].startswith("dfa_rows-") and built[0].endswith(".so")
-
-    def no_compile(*args, **kwargs):
-        raise AssertionError("compiled again")
-
-    monkeypatch.setattr(subprocess, "run", no_compile)
-    native_rows.dfa_rows.cache_clear()
-    assert native_rows.dfa_rows() is not None  # the built module is loaded as it is
 
 
 @pytest.mark.parametrize("cc", ["false", "/nonexistent/cc"])
