@@ -99,7 +99,7 @@ _WALK = _Walk()
 
 
 @_FILL
-def _fill(state: int, num_rows) -> int:
+def _fill(state: int, num_rows: ctypes._Pointer[ctypes.c_int64]) -> int:
     walk = _WALK
     try:
         walk.automaton.row(state)
