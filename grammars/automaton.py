@@ -2,8 +2,8 @@
 
 An automaton has int states (-1 = dead), an `initial` state, `row(s)` (int32[256] successors,
 computed on first use), `row_pointers()` (each computed row's address, 0 before: the native
-trie walk reads the rows in place) and `is_accepting(s)`. States are immutable facts about the remaining
-language, so masks and forced text are cached per state. What it builds lazily counts against
+trie walk reads the rows in place) and `is_accepting(s)`. States are immutable facts about the
+remaining language, so masks and forced text are cached per state. What it builds lazily counts against
 its `budget` (see `budget`), which the compiled grammar binds to its limits.
 """
 

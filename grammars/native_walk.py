@@ -137,5 +137,8 @@ def native_mask(
         del walk.automaton, walk.rows
         walk.error = None
     if failed:
-        raise error or RuntimeError("the native trie walk stopped without an error")
+        raise error or RuntimeError(
+            "the native trie walk met a row its automaton did not make (row_pointers() has no "
+            "address for it after row())"
+        )
     return words[:-1].view(np.int32)

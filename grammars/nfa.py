@@ -457,8 +457,8 @@ class LazyDFA:
         return self.states.row(state, self._compute_row)
 
     def _compute_row(self, state: int) -> np.ndarray:
+        row = _DEAD_ROW.copy()
         if self._native is not None:
-            row = _DEAD_ROW.copy()
             self._native.fill_row(self, self.nfa, self.sets[state], row)
             return row
         nfa = self.nfa
@@ -468,7 +468,6 @@ class LazyDFA:
             got = made[s]
             edges.extend(nfa.edges(s) if got is None else got)
         edges.sort()
-        row = _DEAD_ROW.copy()
         by_targets = self._by_targets
         if all(e[1] < f[0] for e, f in zip(edges, edges[1:], strict=False)):
             # No two edges share a byte (a literal, a character class): one target each.

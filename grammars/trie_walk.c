@@ -8,7 +8,7 @@
  * the token its prefix spells. Where a node's parent's row is not computed yet, `fill(state,
  * &num_rows)` computes it and returns the rows' addresses as they are now (the table may have
  * been replaced as it grew), or 0 when it failed: the walk stops and returns -1, the error is
- * the caller's.
+ * the caller's (as it does when the row is still missing after `fill`).
  */
 #include <stdint.h>
 
@@ -35,10 +35,10 @@ int64_t rf_trie_walk(const int64_t *rows, int64_t num_rows, const struct trie *t
         const int32_t d = depth[i];
         const int32_t parent = states[d - 1];
         const int32_t *row = parent < num_rows ? (const int32_t *)rows[parent] : 0;
-        if (!row) {
+        if (!row) { /* made now: the walk goes on from the same node */
             rows = (const int64_t *)fill(parent, &num_rows);
-            if (!rows) return -1;
-            continue; /* the same node, its parent's row now made */
+            row = rows && parent < num_rows ? (const int32_t *)rows[parent] : 0;
+            if (!row) return -1; /* failed, or made no row: never loop on it */
         }
         const int32_t s = row[byte[i]];
         if (s >= 0) {

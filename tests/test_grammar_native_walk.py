@@ -85,6 +85,23 @@ def test_tokens_with_the_same_bytes_and_rows_filled_during_the_walk(native):
             assert (native == numpy).all(), (pattern, state)
 
 
+def test_an_automaton_that_does_not_publish_its_rows_fails_instead_of_hanging(native):
+    """A row the callback computes but `row_pointers()` never shows stops the walk with an
+    error (the walk would otherwise ask for it forever)."""
+
+    class Hidden:
+        def __init__(self, automaton):
+            self.row, self.is_accepting = automaton.row, automaton.is_accepting
+
+        def row_pointers(self):
+            return np.zeros(4, dtype=np.int64)
+
+    index = _build_index([None, b"a", b"ab", b"b"], (0,))
+    automaton = RegexAutomaton(parse_regex("ab?"))
+    with pytest.raises(RuntimeError, match="did not make"):
+        native_walk.native_mask(native_walk.trie_walk(), index, Hidden(automaton), 0)
+
+
 def test_an_index_dropped_drops_its_native_view(native):
     index = _build_index([None, b"x", b"xy"], (0,))
     automaton = RegexAutomaton(parse_regex("xy"))
