@@ -404,7 +404,7 @@ class GrammarAutomaton:
             self.budget.charge(inverse.size * 4 + len(live) * 8 + DICT_ENTRY_BYTES)
         return got
 
-    def _compute_row(self, state: int) -> np.ndarray:
+    def _compute_row(self, state: int, row: np.ndarray) -> None:
         # Each element's lexer row as codes into `succ_sets` (-1: dead), then the bytes
         # grouped by their column of codes: one interned state per distinct column.
         codes, succ_sets = [], []
@@ -418,10 +418,11 @@ class GrammarAutomaton:
             succ_sets.extend(self._successors(node, v) for v in live)
             codes.append(np.where(inverse >= 0, inverse + offset, -1) if offset else inverse)
         if not codes:
-            return np.full(256, -1, dtype=np.int32)
+            return  # all dead, as the row starts
         if len(codes) == 1:  # one element (the common case): a state per live lexer target
             ids = [self._intern(succ) for succ in succ_sets] + [-1]
-            return np.asarray(ids, dtype=np.int32).take(codes[0])  # code -1 reads the last
+            np.asarray(ids, dtype=np.int32).take(codes[0], out=row)  # code -1 reads the last
+            return
         # A group id per byte, equal where the columns are (renumbered densely after each
         # element, so the mixed-radix key stays small), then one state per group.
         group = codes[0]
@@ -433,7 +434,7 @@ class GrammarAutomaton:
             self._intern(frozenset().union(*(succ_sets[c] for c in column if c >= 0)))
             for column in np.stack(codes).take(first, axis=1).T.tolist()
         ]
-        return np.asarray(ids, dtype=np.int32).take(inverse.reshape(-1))
+        np.asarray(ids, dtype=np.int32).take(inverse.reshape(-1), out=row)
 
     def row(self, state: int) -> np.ndarray:
         return self.states.row(state, self._compute_row)

@@ -1,18 +1,32 @@
-/* The lazy DFA's closures and rows (`nfa.LazyDFA.closure` and `_compute_row`) in C, over the
- * NFA's own Python lists and dicts, with the same results in the same order as the Python
- * code they stand for (`native_rows` loads this module; the Python code is its twin).
+/* The lazy DFA's rows in C: `nfa.LazyDFA`'s closures, rows, target sets and interned states,
+ * and the NFA's lazily made states (`nfa.NFA`'s moves, edges, literal runs, character, tail and
+ * lifted states), over the NFA's and the DFA's own Python lists and dicts (`_parts`), with the
+ * same results in the same order as the Python code they stand for (`native_rows` loads this
+ * module; the Python code is its twin).
  *
- * What the NFA has not made yet (a `None` in `_eps` or `_edges`) is made by calling back into
- * Python (`nfa.moves(s)`, `nfa.edges(s)`), and a row's target sets that are not interned yet
- * go to `dfa._target_id(key)`: only the loops over made lists run here. Any Python exception
- * raised by a callback (a budget or the clock) is passed on.
+ * What needs the IR's deeper facts stays in Python and is called back: a repeat's or an
+ * explicit DFA's moves and states (`nfa._repeat_moves`, `nfa._dfa_moves`, `nfa._counter`,
+ * `nfa.add` of a Dfa), a node's facts when it carries none (`nfa.facts.dead`). So does every
+ * error: a state limit, a budget or the pointer array's growth is left to the Python method
+ * that owns it, called when C finds it would be reached. The bytes a call builds are charged
+ * at its end and at each clock check (every CHECK_EVERY closure steps), not per state. Any
+ * Python exception is passed on.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK_EVERY 256 /* closure steps between calls of nfa.check(), as nfa._CHECK_EVERY */
+#define CHECK_EVERY 256 /* closure steps between clock checks, as nfa._CHECK_EVERY */
+#define ERR (-2)        /* a state-returning function's error (-1 is "matches nothing") */
+
+/* Set once by `configure`: the IR classes, `nfa._sequences`, the byte costs and the limit. */
+static PyObject *chars_type, *seq_type, *alt_type, *repeat_type, *sequences_fn;
+static long max_nfa_states, state_bytes, edge_bytes, entry_bytes;
+static long tuple_base, tuple_item; /* sys.getsizeof of a tuple: base + item * length */
+static PyObject *empty, *zero, *s_items, *s_ranges, *s_facts, *s_tail, *s_parts, *s_charge, *s_nfa_charge,
+    *s_new_state, *s_counter, *s_repeat_moves, *s_dfa_moves, *s_add, *s_check, *s_dead, *s_intern;
 
 typedef struct {
     long lo, hi, t;
@@ -96,7 +110,7 @@ static int cmp_edge(const void *a, const void *b) {
     return (x->t > y->t) - (x->t < y->t);
 }
 
-/* A tuple of ints from sorted longs. */
+/* A tuple of ints from longs. */
 static PyObject *tuple_of(const long *v, Py_ssize_t n) {
     PyObject *out = PyTuple_New(n);
     if (out == NULL) return NULL;
@@ -109,6 +123,41 @@ static PyObject *tuple_of(const long *v, Py_ssize_t n) {
         PyTuple_SET_ITEM(out, i, x);
     }
     return out;
+}
+
+/* (a, b, n): a new tuple */
+static PyObject *triple(PyObject *a, PyObject *b, long n) {
+    PyObject *x = PyLong_FromLong(n), *t = x == NULL ? NULL : PyTuple_New(3);
+    if (t == NULL) {
+        Py_XDECREF(x);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, Py_NewRef(a));
+    PyTuple_SET_ITEM(t, 1, Py_NewRef(b));
+    PyTuple_SET_ITEM(t, 2, x);
+    return t;
+}
+
+/* (id(node), b, n): the key `NFA` gives a node's state; a new tuple */
+static PyObject *node_key(PyObject *node, PyObject *b, long n) {
+    PyObject *id = PyLong_FromVoidPtr(node);
+    PyObject *t = id == NULL ? NULL : triple(id, b, n);
+    Py_XDECREF(id);
+    return t;
+}
+
+/* obj.name(*args) for a method of the NFA or the budget (`args[0]` is obj) */
+static PyObject *call(PyObject *name, PyObject *const *args, size_t n) {
+    return PyObject_VectorcallMethod(name, args, n, NULL);
+}
+
+/* obj.name(n) */
+static PyObject *call_long(PyObject *obj, PyObject *name, long n) {
+    PyObject *x = PyLong_FromLong(n);
+    if (x == NULL) return NULL;
+    PyObject *args[] = {obj, x}, *r = call(name, args, 2);
+    Py_DECREF(x);
+    return r;
 }
 
 /* list[i] (borrowed), or NULL with IndexError: a state number the NFA never made is a bug to
@@ -130,10 +179,539 @@ static PyObject *get_int_key(PyObject *dict, long key) {
     return got;
 }
 
-/* `NFA.has_edges`: 1, 0, or -1 on error. */
-static int has_edges(PyObject *edges, PyObject *lifted, long s) {
+/* dict[key] as a state: the state, -1 when absent (-1 may also be a stored value: `found`
+ * tells), ERR on error */
+static long get_state(PyObject *dict, PyObject *key, int *found) {
+    PyObject *got = PyDict_GetItemWithError(dict, key);
+    *found = got != NULL;
+    if (got == NULL) return PyErr_Occurred() ? ERR : -1;
+    long s = PyLong_AsLong(got);
+    return s == -1 && PyErr_Occurred() ? ERR : s;
+}
+
+/* `dict.pop(key, None)`: 1 with a new reference in `*out`, 0 when absent, -1 on error */
+static int dict_pop(PyObject *dict, PyObject *key, PyObject **out) {
+    PyObject *got = PyDict_GetItemWithError(dict, key);
+    if (got == NULL) return PyErr_Occurred() ? -1 : 0;
+    *out = Py_NewRef(got);
+    if (PyDict_DelItem(dict, key) < 0) {
+        Py_CLEAR(*out);
+        return -1;
+    }
+    return 1;
+}
+
+/* dict[key] = state; 0, or -1 on error */
+static int set_state(PyObject *dict, PyObject *key, long state) {
+    PyObject *v = PyLong_FromLong(state);
+    int r = v == NULL ? -1 : PyDict_SetItem(dict, key, v);
+    Py_XDECREF(v);
+    return r;
+}
+
+/* What one call reads and writes: the NFA's containers (`NFA._parts`, borrowed from the
+ * `parts` tuple it holds) and the bytes built but not yet charged. */
+typedef struct {
+    PyObject *nfa, *parts;
+    PyObject *eps, *edges, *todo, *runs, *run_todo, *ids, *shared, *lifts, *lifted, *order, *tags;
+    long steps;       /* closure steps in this call, for the clock checks */
+    long nfa_bytes;   /* NFA states, moves, edges: `nfa._charge` */
+    long table_bytes; /* target sets: `budget.charge` */
+} Ctx;
+
+static int ctx_load(Ctx *c, PyObject *nfa) {
+    memset(c, 0, sizeof(*c));
+    c->nfa = nfa;
+    c->parts = PyObject_GetAttr(nfa, s_parts);
+    if (c->parts == NULL) return -1;
+    if (!PyTuple_Check(c->parts) || PyTuple_GET_SIZE(c->parts) != 11) {
+        PyErr_SetString(PyExc_TypeError, "dfa_rows: unexpected NFA layout");
+        Py_CLEAR(c->parts);
+        return -1;
+    }
+    PyObject **p[] = {&c->eps, &c->edges, &c->todo, &c->runs, &c->run_todo, &c->ids,
+                      &c->shared, &c->lifts, &c->lifted, &c->order, &c->tags};
+    for (int i = 0; i < 11; i++) {
+        *p[i] = PyTuple_GET_ITEM(c->parts, i);
+        if (i < 2 ? !PyList_Check(*p[i]) : !PyDict_Check(*p[i])) {
+            PyErr_SetString(PyExc_TypeError, "dfa_rows: unexpected NFA layout");
+            Py_CLEAR(c->parts);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Charge what was built (the NFA's bytes through `nfa._charge`, the target sets' to the
+ * budget); 0, or -1 with the budget's error. */
+static int ctx_flush(Ctx *c, PyObject *budget) {
+    if (c->nfa_bytes) {
+        PyObject *r = call_long(c->nfa, s_nfa_charge, c->nfa_bytes);
+        c->nfa_bytes = 0;
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
+    if (c->table_bytes) {
+        PyObject *r = call_long(budget, s_charge, c->table_bytes);
+        c->table_bytes = 0;
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
+/* Ends a call: what was built is charged, unless the call failed (its error stands). */
+static PyObject *ctx_done(Ctx *c, PyObject *budget, PyObject *out) {
+    if (out != NULL && ctx_flush(c, budget) < 0) Py_CLEAR(out);
+    Py_XDECREF(c->parts);
+    return out;
+}
+
+/* ---- the NFA's lazily made states (`NFA` methods of the same names) ---- */
+
+static PyObject *c_moves(Ctx *c, long s);
+static PyObject *c_edges(Ctx *c, long s);
+static long c_add(Ctx *c, PyObject *node, long nxt);
+
+/* `NFA.new_state`; past MAX_NFA_STATES the Python method raises the limit's error */
+static long c_new_state(Ctx *c, PyObject *moves, PyObject *edges) {
+    Py_ssize_t n = PyList_GET_SIZE(c->eps);
+    if (n >= max_nfa_states) {
+        PyObject *args[] = {c->nfa, moves, edges}, *r = call(s_new_state, args, 3);
+        long s = r == NULL ? ERR : PyLong_AsLong(r);
+        Py_XDECREF(r);
+        return s == -1 && PyErr_Occurred() ? ERR : s;
+    }
+    c->nfa_bytes += state_bytes;
+    if (PyList_Append(c->eps, moves) < 0) return ERR;
+    if (PyList_Append(c->edges, edges) < 0) {
+        PyList_SetSlice(c->eps, n, n + 1, NULL);
+        return ERR;
+    }
+    return n;
+}
+
+/* `NFA._state`: the state that waits to make `node`'s moves at `arg` */
+static long c_state(Ctx *c, PyObject *node, PyObject *arg, long nxt) {
+    PyObject *key = node_key(node, arg, nxt);
+    if (key == NULL) return ERR;
+    int found;
+    long got = get_state(c->ids, key, &found);
+    if (!found && got != ERR) {
+        got = c_new_state(c, Py_None, empty);
+        if (got != ERR && set_state(c->ids, key, got) < 0) got = ERR;
+        if (got != ERR) {
+            PyObject *todo = triple(node, arg, nxt), *k = PyLong_FromLong(got);
+            if (todo == NULL || k == NULL || PyDict_SetItem(c->todo, k, todo) < 0) got = ERR;
+            Py_XDECREF(todo);
+            Py_XDECREF(k);
+        }
+    }
+    Py_DECREF(key);
+    return got;
+}
+
+static PyObject *sequences_of(PyObject *ranges) {
+    return PyObject_CallOneArg(sequences_fn, ranges);
+}
+
+/* `NFA._tail`: reads the byte ranges `seq[from:]` of a multi-byte sequence, then `nxt` */
+static long c_tail(Ctx *c, PyObject *seq, Py_ssize_t from, long nxt) {
+    PyObject *rest = PyTuple_GetSlice(seq, from, PyTuple_GET_SIZE(seq));
+    if (rest == NULL) return ERR;
+    PyObject *key = triple(s_tail, rest, nxt);
+    Py_DECREF(rest);
+    if (key == NULL) return ERR;
+    int found;
+    long got = get_state(c->shared, key, &found);
+    if (!found && got != ERR) {
+        long target = from + 1 == PyTuple_GET_SIZE(seq) ? nxt : c_tail(c, seq, from + 1, nxt);
+        PyObject *first = PyTuple_GET_ITEM(seq, from), *edges = NULL;
+        PyObject *edge = NULL;
+        if (target != ERR)
+            edge = triple(PyTuple_GET_ITEM(first, 0), PyTuple_GET_ITEM(first, 1), target);
+        if (edge != NULL) edges = PyTuple_Pack(1, edge);
+        got = edges == NULL ? ERR : c_new_state(c, empty, edges);
+        Py_XDECREF(edge);
+        Py_XDECREF(edges);
+        if (got != ERR && set_state(c->shared, key, got) < 0) got = ERR;
+        c->nfa_bytes += edge_bytes + entry_bytes;
+    }
+    Py_DECREF(key);
+    return got;
+}
+
+/* `NFA._char_edges`: a new tuple of (lo, hi, target) edges reading one code point of `ranges`
+ * (its UTF-8 sequences `seqs`), then going to `nxt` */
+static PyObject *c_char_edges(Ctx *c, PyObject *seqs, long nxt) {
+    Py_ssize_t n = PyTuple_GET_SIZE(seqs);
+    PyObject *out = PyTuple_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *seq = PyTuple_GET_ITEM(seqs, i), *first = PyTuple_GET_ITEM(seq, 0);
+        long target = PyTuple_GET_SIZE(seq) == 1 ? nxt : c_tail(c, seq, 1, nxt);
+        PyObject *edge = target == ERR ? NULL
+                                       : triple(PyTuple_GET_ITEM(first, 0),
+                                                PyTuple_GET_ITEM(first, 1), target);
+        if (edge == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, edge);
+    }
+    return out;
+}
+
+/* `NFA._chars`: reads one code point of `ranges`, then `nxt`; -1 when none has UTF-8 */
+static long c_chars(Ctx *c, PyObject *ranges, long nxt) {
+    PyObject *x = PyLong_FromLong(nxt), *key = x == NULL ? NULL : PyTuple_Pack(2, ranges, x);
+    Py_XDECREF(x);
+    if (key == NULL) return ERR;
+    int found;
+    long got = get_state(c->shared, key, &found);
+    if (!found && got != ERR) {
+        PyObject *seqs = sequences_of(ranges), *edges = NULL;
+        if (seqs == NULL) {
+            got = ERR;
+        } else if (PyTuple_GET_SIZE(seqs) == 0) {
+            got = set_state(c->shared, key, -1) < 0 ? ERR : -1;
+        } else {
+            edges = c_char_edges(c, seqs, nxt);
+            got = edges == NULL ? ERR : c_new_state(c, empty, edges);
+            if (got != ERR && set_state(c->shared, key, got) < 0) got = ERR;
+            if (got != ERR) c->nfa_bytes += PyTuple_GET_SIZE(edges) * edge_bytes + entry_bytes;
+        }
+        Py_XDECREF(seqs);
+        Py_XDECREF(edges);
+    }
+    Py_DECREF(key);
+    return got;
+}
+
+static int is_chars(PyObject *node) { return PyObject_TypeCheck(node, (PyTypeObject *)chars_type); }
+
+/* node.items (a new reference; a tuple) */
+static PyObject *items_of(PyObject *node) {
+    PyObject *items = PyObject_GetAttr(node, s_items);
+    if (items != NULL && !PyTuple_Check(items)) {
+        Py_DECREF(items);
+        PyErr_SetString(PyExc_TypeError, "dfa_rows: a sequence's items are not a tuple");
+        return NULL;
+    }
+    return items;
+}
+
+/* `NFA._rest`: reads `items[i:]` of sequence `node`, then `nxt` */
+static long c_rest(Ctx *c, PyObject *node, PyObject *items, Py_ssize_t i, long nxt) {
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    int here = i < n && is_chars(PyTuple_GET_ITEM(items, i));
+    PyObject *key = NULL, *arg = NULL;
+    long got;
+    if (here && i + 1 < n && is_chars(PyTuple_GET_ITEM(items, i + 1))) { /* a literal run */
+        if ((arg = PyLong_FromSsize_t(i)) == NULL) return ERR;
+        key = node_key(node, arg, nxt);
+        if (key == NULL) {
+            Py_DECREF(arg);
+            return ERR;
+        }
+        int found;
+        got = get_state(c->runs, key, &found);
+        if (!found && got != ERR) {
+            got = c_new_state(c, empty, Py_None);
+            if (got != ERR && set_state(c->runs, key, got) < 0) got = ERR;
+            if (got != ERR) {
+                PyObject *run = triple(node, arg, nxt), *k = PyLong_FromLong(got);
+                if (run == NULL || k == NULL || PyDict_SetItem(c->run_todo, k, run) < 0) got = ERR;
+                Py_XDECREF(run);
+                Py_XDECREF(k);
+            }
+        }
+        Py_DECREF(key);
+        Py_DECREF(arg);
+        return got;
+    }
+    if (here) {
+        long target = nxt;
+        if (i + 1 < n) {
+            if ((arg = PyLong_FromSsize_t(i + 1)) == NULL) return ERR;
+            target = c_state(c, node, arg, nxt);
+            Py_DECREF(arg);
+            if (target == ERR) return ERR;
+        }
+        PyObject *ranges = PyObject_GetAttr(PyTuple_GET_ITEM(items, i), s_ranges);
+        if (ranges == NULL) return ERR;
+        got = c_chars(c, ranges, target);
+        Py_DECREF(ranges);
+        return got;
+    }
+    if (i == n) return nxt;
+    if ((arg = PyLong_FromSsize_t(i)) == NULL) return ERR;
+    got = c_state(c, node, arg, nxt);
+    Py_DECREF(arg);
+    return got;
+}
+
+/* `NFA._run_edges`: the edges of literal run state `s` = (node, i, nxt) */
+static PyObject *c_run_edges(Ctx *c, long s, PyObject *run) {
+    PyObject *node = PyTuple_GET_ITEM(run, 0);
+    Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(run, 1));
+    long nxt = PyLong_AsLong(PyTuple_GET_ITEM(run, 2));
+    if (PyErr_Occurred()) return NULL;
+    PyObject *items = items_of(node);
+    if (items == NULL) return NULL;
+    PyObject *edges = NULL, *ranges = NULL, *seqs = NULL;
+    long target = c_rest(c, node, items, i + 1, nxt);
+    if (target != ERR && (ranges = PyObject_GetAttr(PyTuple_GET_ITEM(items, i), s_ranges)) &&
+        (seqs = sequences_of(ranges)) && (edges = c_char_edges(c, seqs, target))) {
+        if (PyList_SetItem(c->edges, s, Py_NewRef(edges)) < 0) Py_CLEAR(edges);
+        else c->nfa_bytes += PyTuple_GET_SIZE(edges) * edge_bytes;
+    }
+    Py_XDECREF(seqs);
+    Py_XDECREF(ranges);
+    Py_DECREF(items);
+    return edges;
+}
+
+/* `NFA._lift`: `state` of a counted body ending in `end`, going on to `target` instead */
+static long c_lift(Ctx *c, long state, long end, long target) {
+    if (state == end) return target;
+    long v[] = {state, end, target};
+    PyObject *key = tuple_of(v, 3);
+    if (key == NULL) return ERR;
+    int found;
+    long got = get_state(c->lifts, key, &found);
+    if (!found && got != ERR) {
+        got = c_new_state(c, Py_None, Py_None);
+        if (got != ERR && set_state(c->lifts, key, got) < 0) got = ERR;
+        if (got != ERR) {
+            PyObject *k = PyLong_FromLong(got);
+            if (k == NULL || PyDict_SetItem(c->lifted, k, key) < 0) got = ERR;
+            Py_XDECREF(k);
+        }
+    }
+    Py_DECREF(key);
+    return got;
+}
+
+/* `NFA._unwrap`: the moves (or edges) of lifted state `s`, lifted level by level from the
+ * first state down its lifts whose list is made (or made by `_todo`, a run) */
+static PyObject *c_unwrap(Ctx *c, long s, int moves) {
+    PyObject *lists = moves ? c->eps : c->edges;
+    Longs chain = {0};
+    PyObject *inner = NULL;
     for (;;) {
-        PyObject *lift = get_int_key(lifted, s);
+        PyObject *list = item(lists, s), *lift;
+        if (list == NULL) goto done;
+        if (list != Py_None || (lift = get_int_key(c->lifted, s)) == NULL) break;
+        if (longs_push(&chain, s) < 0) goto done;
+        s = PyLong_AsLong(PyTuple_GET_ITEM(lift, 0));
+    }
+    if (PyErr_Occurred()) goto done;
+    if (chain.n == 0) { /* neither lifted nor waiting to be made: the NFA is inconsistent */
+        PyErr_Format(PyExc_RuntimeError, "dfa_rows: NFA state %ld has no way to make its %s", s,
+                     moves ? "moves" : "edges");
+        goto done;
+    }
+    inner = moves ? c_moves(c, s) : c_edges(c, s);
+    for (Py_ssize_t k = chain.n - 1; k >= 0 && inner != NULL; k--) {
+        PyObject *lift = get_int_key(c->lifted, chain.v[k]);
+        if (lift == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyError, "dfa_rows: lift lost");
+            Py_CLEAR(inner);
+            break;
+        }
+        long end = PyLong_AsLong(PyTuple_GET_ITEM(lift, 1));
+        long target = PyLong_AsLong(PyTuple_GET_ITEM(lift, 2));
+        Py_ssize_t n = PyTuple_GET_SIZE(inner);
+        PyObject *up = PyTuple_New(n);
+        for (Py_ssize_t j = 0; up != NULL && j < n; j++) {
+            PyObject *x = PyTuple_GET_ITEM(inner, j), *y;
+            long t = PyLong_AsLong(moves ? x : PyTuple_GET_ITEM(x, 2));
+            long u = t == end ? target : c_lift(c, t, end, target);
+            if (u == ERR) y = NULL;
+            else if (moves) y = PyLong_FromLong(u);
+            else y = triple(PyTuple_GET_ITEM(x, 0), PyTuple_GET_ITEM(x, 1), u);
+            if (y == NULL) Py_CLEAR(up);
+            else PyTuple_SET_ITEM(up, j, y);
+        }
+        Py_DECREF(inner);
+        inner = up;
+        if (inner != NULL && PyList_SetItem(lists, chain.v[k], Py_NewRef(inner)) < 0)
+            Py_CLEAR(inner);
+        if (inner != NULL) c->nfa_bytes += (moves ? 8 : edge_bytes) * n;
+    }
+done:
+    free(chain.v);
+    return inner;
+}
+
+/* `facts.dead(node)`: 1, 0, or -1 on error; from the node's own facts where it has them */
+static int is_dead(Ctx *c, PyObject *node) {
+    PyObject *facts = PyObject_GetAttr(node, s_facts);
+    if (facts == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+        PyErr_Clear();
+    } else if (PyTuple_Check(facts) && PyTuple_GET_SIZE(facts) == 2) {
+        int dead = PyObject_IsTrue(PyTuple_GET_ITEM(facts, 0));
+        Py_DECREF(facts);
+        return dead;
+    } else {
+        Py_DECREF(facts);
+    }
+    PyObject *known = PyObject_GetAttrString(c->nfa, "facts");
+    PyObject *args[] = {known, node}, *r = known == NULL ? NULL : call(s_dead, args, 2);
+    Py_XDECREF(known);
+    if (r == NULL) return -1;
+    int dead = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return dead;
+}
+
+/* a state from a Python method's result */
+static long state_from(PyObject *r) {
+    long s = r == NULL ? ERR : PyLong_AsLong(r);
+    Py_XDECREF(r);
+    return s == -1 && PyErr_Occurred() ? ERR : s;
+}
+
+/* nfa.name(node, arg, nxt) (`arg` NULL: nfa.name(node, nxt)) as a state */
+static long call_state(Ctx *c, PyObject *name, PyObject *node, PyObject *arg, long nxt) {
+    PyObject *x = PyLong_FromLong(nxt);
+    if (x == NULL) return ERR;
+    PyObject *args[] = {c->nfa, node, arg ? arg : x, x};
+    long s = state_from(call(name, args, arg ? 4 : 3));
+    Py_DECREF(x);
+    return s;
+}
+
+/* `NFA.add`: reads `node`, then `nxt`; -1 if `node` matches nothing */
+static long c_add(Ctx *c, PyObject *node, long nxt) {
+    int dead = is_dead(c, node);
+    if (dead) return dead < 0 ? ERR : -1;
+    if (is_chars(node)) {
+        PyObject *ranges = PyObject_GetAttr(node, s_ranges);
+        if (ranges == NULL) return ERR;
+        long got = c_chars(c, ranges, nxt);
+        Py_DECREF(ranges);
+        return got;
+    }
+    if (PyObject_TypeCheck(node, (PyTypeObject *)seq_type)) {
+        /* no state waits before a sequence's first item (a loop over nested sequences);
+         * `node` stays alive through the outermost one's items */
+        PyObject *items = items_of(node);
+        if (items == NULL) return ERR;
+        while (PyTuple_GET_SIZE(items) &&
+               PyObject_TypeCheck(PyTuple_GET_ITEM(items, 0), (PyTypeObject *)seq_type)) {
+            nxt = c_rest(c, node, items, 1, nxt);
+            node = PyTuple_GET_ITEM(items, 0);
+            Py_DECREF(items);
+            if (nxt == ERR || (items = items_of(node)) == NULL) return ERR;
+        }
+        long got;
+        if (PyTuple_GET_SIZE(items) == 0 || is_chars(PyTuple_GET_ITEM(items, 0))) {
+            got = c_rest(c, node, items, 0, nxt);
+        } else {
+            got = c_rest(c, node, items, 1, nxt);
+            if (got != ERR) got = c_add(c, PyTuple_GET_ITEM(items, 0), got);
+        }
+        Py_DECREF(items);
+        return got;
+    }
+    if (PyObject_TypeCheck(node, (PyTypeObject *)repeat_type))
+        return call_state(c, s_counter, node, zero, nxt);
+    if (PyObject_TypeCheck(node, (PyTypeObject *)alt_type)) return c_state(c, node, zero, nxt);
+    return call_state(c, s_add, node, NULL, nxt); /* a Dfa */
+}
+
+/* `NFA._node_moves` of state `s` from its `_todo` entry (node, arg, nxt) */
+static PyObject *c_node_moves(Ctx *c, long s, PyObject *todo) {
+    PyObject *node = PyTuple_GET_ITEM(todo, 0), *arg = PyTuple_GET_ITEM(todo, 1);
+    long nxt = PyLong_AsLong(PyTuple_GET_ITEM(todo, 2));
+    if (nxt == -1 && PyErr_Occurred()) return NULL;
+    Longs out = {0};
+    PyObject *live = NULL, *items = NULL;
+    if (PyObject_TypeCheck(node, (PyTypeObject *)seq_type)) {
+        Py_ssize_t i = PyLong_AsSsize_t(arg);
+        if ((i == -1 && PyErr_Occurred()) || (items = items_of(node)) == NULL) goto done;
+        long rest = c_rest(c, node, items, i + 1, nxt);
+        long first = rest == ERR ? ERR : c_add(c, PyTuple_GET_ITEM(items, i), rest);
+        if (first == ERR || longs_push(&out, first) < 0) goto done;
+    } else if (PyObject_TypeCheck(node, (PyTypeObject *)alt_type)) {
+        if ((items = items_of(node)) == NULL) goto done;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items); i++) {
+            long t = c_add(c, PyTuple_GET_ITEM(items, i), nxt);
+            if (t == ERR || longs_push(&out, t) < 0) goto done;
+        }
+    } else { /* a Repeat's or a Dfa's: Python */
+        int repeat = PyObject_TypeCheck(node, (PyTypeObject *)repeat_type);
+        PyObject *x = PyLong_FromLong(nxt), *args[] = {c->nfa, node, arg, x};
+        PyObject *r = x == NULL ? NULL : call(repeat ? s_repeat_moves : s_dfa_moves, args, 4);
+        Py_XDECREF(x);
+        if (r == NULL) goto done;
+        PyObject *seq = PySequence_Fast(r, "dfa_rows: moves are not a list");
+        Py_DECREF(r);
+        if (seq == NULL) goto done;
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+            long t = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+            if ((t == -1 && PyErr_Occurred()) || longs_push(&out, t) < 0) {
+                Py_DECREF(seq);
+                goto done;
+            }
+        }
+        Py_DECREF(seq);
+    }
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < out.n; i++)
+        if (out.v[i] >= 0) out.v[n++] = out.v[i];
+    live = tuple_of(out.v, n);
+    if (live != NULL && PyList_SetItem(c->eps, s, Py_NewRef(live)) < 0) Py_CLEAR(live);
+    if (live != NULL) c->nfa_bytes += 8 * n;
+done:
+    Py_XDECREF(items);
+    free(out.v);
+    return live;
+}
+
+/* `NFA.moves`: a new reference to the epsilon moves of `s`, made now if they were not yet */
+static PyObject *c_moves(Ctx *c, long s) {
+    PyObject *eps = item(c->eps, s);
+    if (eps == NULL) return NULL;
+    if (eps != Py_None) return Py_NewRef(eps);
+    PyObject *key = PyLong_FromLong(s);
+    if (key == NULL) return NULL;
+    PyObject *todo = NULL;
+    int popped = dict_pop(c->todo, key, &todo);
+    Py_DECREF(key);
+    if (popped < 0) return NULL;
+    if (!popped) return c_unwrap(c, s, 1);
+    PyObject *out = c_node_moves(c, s, todo);
+    Py_DECREF(todo);
+    return out;
+}
+
+/* `NFA.edges`: a new reference to the byte edges of `s`, made now if they were not yet */
+static PyObject *c_edges(Ctx *c, long s) {
+    PyObject *edges = item(c->edges, s);
+    if (edges == NULL) return NULL;
+    if (edges != Py_None) return Py_NewRef(edges);
+    PyObject *key = PyLong_FromLong(s);
+    if (key == NULL) return NULL;
+    PyObject *run = NULL;
+    int popped = dict_pop(c->run_todo, key, &run);
+    Py_DECREF(key);
+    if (popped < 0) return NULL;
+    if (!popped) return c_unwrap(c, s, 0);
+    PyObject *out = c_run_edges(c, s, run);
+    Py_DECREF(run);
+    return out;
+}
+
+/* ---- the lazy DFA (`LazyDFA` methods of the same names) ---- */
+
+/* `NFA.has_edges`: 1, 0, or -1 on error. */
+static int has_edges(Ctx *c, long s) {
+    for (;;) {
+        PyObject *lift = get_int_key(c->lifted, s);
         if (lift == NULL) {
             if (PyErr_Occurred()) return -1;
             break;
@@ -141,58 +719,23 @@ static int has_edges(PyObject *edges, PyObject *lifted, long s) {
         s = PyLong_AsLong(PyTuple_GET_ITEM(lift, 0));
         if (s == -1 && PyErr_Occurred()) return -1;
     }
-    PyObject *e = item(edges, s);
+    PyObject *e = item(c->edges, s);
     if (e == NULL) return -1;
     return e == Py_None || PyTuple_GET_SIZE(e) > 0;
 }
 
-typedef struct {
-    PyObject *eps, *edges, *lifted, *order, *tags, *moves, *check;
-} Nfa;
-
-static void nfa_clear(Nfa *n) {
-    Py_XDECREF(n->eps);
-    Py_XDECREF(n->edges);
-    Py_XDECREF(n->lifted);
-    Py_XDECREF(n->order);
-    Py_XDECREF(n->tags);
-    Py_XDECREF(n->moves);
-    Py_XDECREF(n->check);
-}
-
-static int nfa_load(PyObject *nfa, Nfa *n) {
-    memset(n, 0, sizeof(*n));
-    if (!(n->eps = PyObject_GetAttrString(nfa, "_eps")) ||
-        !(n->edges = PyObject_GetAttrString(nfa, "_edges")) ||
-        !(n->lifted = PyObject_GetAttrString(nfa, "_lifted")) ||
-        !(n->order = PyObject_GetAttrString(nfa, "_order")) ||
-        !(n->tags = PyObject_GetAttrString(nfa, "tags")) ||
-        !(n->moves = PyObject_GetAttrString(nfa, "moves")) ||
-        !(n->check = PyObject_GetAttrString(nfa, "check"))) {
-        nfa_clear(n);
-        return -1;
-    }
-    if (!PyList_Check(n->eps) || !PyList_Check(n->edges) || !PyDict_Check(n->lifted) ||
-        !PyDict_Check(n->order) || !PyDict_Check(n->tags)) {
-        PyErr_SetString(PyExc_TypeError, "dfa_rows: unexpected NFA layout");
-        nfa_clear(n);
-        return -1;
-    }
-    return 0;
-}
-
 /* `NFA.prune` over `v[0:n]` (in place; returns the new length, -1 on error): the lifted
  * states that another one subsumes are dropped, the rest kept. */
-static Py_ssize_t prune(Nfa *nfa, long *v, Py_ssize_t n) {
+static Py_ssize_t prune(Ctx *c, long *v, Py_ssize_t n) {
     PyObject *best = PyDict_New(); /* (state, end, counter) -> (state, count) */
     if (best == NULL) return -1;
     Py_ssize_t kept = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *lift = get_int_key(nfa->lifted, v[i]);
+        PyObject *lift = get_int_key(c->lifted, v[i]);
         PyObject *order = NULL;
         if (lift == NULL && PyErr_Occurred()) goto fail;
         if (lift != NULL) {
-            order = PyDict_GetItemWithError(nfa->order, PyTuple_GET_ITEM(lift, 2));
+            order = PyDict_GetItemWithError(c->order, PyTuple_GET_ITEM(lift, 2));
             if (order == NULL && PyErr_Occurred()) goto fail;
         }
         if (order == NULL) {
@@ -209,16 +752,17 @@ static Py_ssize_t prune(Nfa *nfa, long *v, Py_ssize_t n) {
         }
         int better = got == NULL;
         if (!better) {
-            better = PyObject_RichCompareBool(PyTuple_GET_ITEM(order, 1), PyTuple_GET_ITEM(got, 1), Py_LT);
+            better = PyObject_RichCompareBool(PyTuple_GET_ITEM(order, 1),
+                                              PyTuple_GET_ITEM(got, 1), Py_LT);
             if (better < 0) {
                 Py_DECREF(key);
                 goto fail;
             }
         }
         if (better) {
-            PyObject *s = PyLong_FromLong(v[i]);
-            PyObject *pair = s ? PyTuple_Pack(2, s, PyTuple_GET_ITEM(order, 1)) : NULL;
-            Py_XDECREF(s);
+            PyObject *x = PyLong_FromLong(v[i]);
+            PyObject *pair = x == NULL ? NULL : PyTuple_Pack(2, x, PyTuple_GET_ITEM(order, 1));
+            Py_XDECREF(x);
             if (pair == NULL || PyDict_SetItem(best, key, pair) < 0) {
                 Py_XDECREF(pair);
                 Py_DECREF(key);
@@ -230,10 +774,7 @@ static Py_ssize_t prune(Nfa *nfa, long *v, Py_ssize_t n) {
     }
     PyObject *key, *pair;
     Py_ssize_t pos = 0;
-    while (PyDict_Next(best, &pos, &key, &pair)) {
-        v[kept] = PyLong_AsLong(PyTuple_GET_ITEM(pair, 0));
-        kept++;
-    }
+    while (PyDict_Next(best, &pos, &key, &pair)) v[kept++] = PyLong_AsLong(PyTuple_GET_ITEM(pair, 0));
     Py_DECREF(best);
     return kept;
 fail:
@@ -241,30 +782,30 @@ fail:
     return -1;
 }
 
-/* closure(nfa, states) -> tuple: `LazyDFA.closure` without its clock check. */
-static PyObject *closure(PyObject *self, PyObject *args) {
-    PyObject *nfa_obj, *states;
-    if (!PyArg_ParseTuple(args, "OO!", &nfa_obj, &PyTuple_Type, &states)) return NULL;
-    Nfa nfa;
-    if (nfa_load(nfa_obj, &nfa) < 0) return NULL;
+/* `nfa.check()` (the compile deadline or the budget's clock), after charging what was built */
+static int check_clock(Ctx *c, PyObject *budget) {
+    if (ctx_flush(c, budget) < 0) return -1;
+    PyObject *r = call(s_check, &c->nfa, 1);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* The closure of `states` (a tuple): `LazyDFA.closure` without its clock check. */
+static PyObject *c_closure(Ctx *c, PyObject *budget, PyObject *states) {
     PyObject *out = NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(states);
     Longs stack = {0}, found = {0};
     LongSet seen = {0};
     if (n == 1) { /* a state with no moves is its own closure */
         long s = PyLong_AsLong(PyTuple_GET_ITEM(states, 0));
-        if (s == -1 && PyErr_Occurred()) goto done;
-        PyObject *m = item(nfa.eps, s);
-        if (m == NULL) goto done;
+        if (s == -1 && PyErr_Occurred()) return NULL;
+        PyObject *m = item(c->eps, s);
+        if (m == NULL) return NULL;
         if (m != Py_None && PyTuple_GET_SIZE(m) == 0) {
-            int e = has_edges(nfa.edges, nfa.lifted, s);
-            if (e < 0) goto done;
-            if (!e) {
-                e = PyDict_Contains(nfa.tags, PyTuple_GET_ITEM(states, 0));
-                if (e < 0) goto done;
-            }
-            out = e ? Py_NewRef(states) : PyTuple_New(0);
-            goto done;
+            int e = has_edges(c, s);
+            if (e == 0) e = PyDict_Contains(c->tags, PyTuple_GET_ITEM(states, 0));
+            if (e < 0) return NULL;
+            return e ? Py_NewRef(states) : PyTuple_New(0);
         }
     }
     if (set_init(&seen, n) < 0) goto done;
@@ -275,46 +816,34 @@ static PyObject *closure(PyObject *self, PyObject *args) {
         if (added < 0 || (added && (longs_push(&found, s) < 0 || longs_push(&stack, s) < 0)))
             goto done;
     }
-    long steps = 0;
     while (stack.n) {
-        if (++steps % CHECK_EVERY == 0) {
-            PyObject *r = PyObject_CallNoArgs(nfa.check);
-            if (r == NULL) goto done;
-            Py_DECREF(r);
-        }
+        if (++c->steps % CHECK_EVERY == 0 && check_clock(c, budget) < 0) goto done;
         long s = stack.v[--stack.n];
-        PyObject *m = item(nfa.eps, s), *made = NULL;
+        PyObject *m = c_moves(c, s);
         if (m == NULL) goto done;
-        if (m == Py_None) {
-            PyObject *key = PyLong_FromLong(s);
-            if (key == NULL) goto done;
-            made = m = PyObject_CallOneArg(nfa.moves, key);
-            Py_DECREF(key);
-            if (m == NULL) goto done;
-        }
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(m); i++) {
             long t = PyLong_AsLong(PyTuple_GET_ITEM(m, i));
             int added = t == -1 && PyErr_Occurred() ? -1 : set_add(&seen, t);
             if (added < 0 || (added && (longs_push(&found, t) < 0 || longs_push(&stack, t) < 0))) {
-                Py_XDECREF(made);
+                Py_DECREF(m);
                 goto done;
             }
         }
-        Py_XDECREF(made);
+        Py_DECREF(m);
     }
     Py_ssize_t kept = 0; /* with edges or a tag, in the order first seen */
     for (Py_ssize_t i = 0; i < found.n; i++) {
-        int e = has_edges(nfa.edges, nfa.lifted, found.v[i]);
+        int e = has_edges(c, found.v[i]);
         if (e == 0) {
             PyObject *key = PyLong_FromLong(found.v[i]);
             if (key == NULL) goto done;
-            e = PyDict_Contains(nfa.tags, key);
+            e = PyDict_Contains(c->tags, key);
             Py_DECREF(key);
         }
         if (e < 0) goto done;
         if (e) found.v[kept++] = found.v[i];
     }
-    kept = prune(&nfa, found.v, kept);
+    kept = prune(c, found.v, kept);
     if (kept < 0) goto done;
     qsort(found.v, kept, sizeof(long), cmp_long);
     out = tuple_of(found.v, kept);
@@ -322,73 +851,111 @@ done:
     free(stack.v);
     free(found.v);
     free(seen.slot);
-    nfa_clear(&nfa);
     return out;
 }
 
-/* The DFA id of target set `v[0:n]` (sorted): `dfa._by_targets`, else `dfa._target_id`. */
-static long target_id(PyObject *by_targets, PyObject *target_fn, const long *v, Py_ssize_t n) {
-    PyObject *key = tuple_of(v, n);
-    if (key == NULL) return -2;
-    PyObject *got = PyDict_GetItemWithError(by_targets, key);
-    long id;
-    if (got != NULL) {
-        id = PyLong_AsLong(got);
-    } else if (PyErr_Occurred()) {
-        id = -2;
-    } else {
-        PyObject *r = PyObject_CallOneArg(target_fn, key);
-        id = r == NULL ? -2 : PyLong_AsLong(r);
-        Py_XDECREF(r);
+/* closure(nfa, budget, states) -> tuple: `LazyDFA.closure` without its clock check. */
+static PyObject *closure(PyObject *self, PyObject *args) {
+    PyObject *nfa, *budget, *states;
+    if (!PyArg_ParseTuple(args, "OOO!", &nfa, &budget, &PyTuple_Type, &states)) return NULL;
+    Ctx c;
+    if (ctx_load(&c, nfa) < 0) return NULL;
+    return ctx_done(&c, budget, c_closure(&c, budget, states));
+}
+
+/* What a row reads of the DFA (`LazyDFA._parts`) and of its budget's limits. */
+typedef struct {
+    PyObject *by_targets, *ids, *sets, *rows, *states, *budget;
+    long max_states, max_state_size; /* LONG_MAX before the budget is bound */
+} Table;
+
+static int table_load(Table *d, PyObject *dfa) {
+    PyObject *parts = PyObject_GetAttr(dfa, s_parts), *limits = NULL;
+    if (parts == NULL) return -1;
+    int ok = PyArg_ParseTuple(parts, "O!O!O!O!OO", &PyDict_Type, &d->by_targets, &PyDict_Type,
+                              &d->ids, &PyList_Type, &d->sets, &PyList_Type, &d->rows,
+                              &d->states, &d->budget);
+    Py_DECREF(parts); /* the DFA holds its parts */
+    if (!ok || (limits = PyObject_GetAttrString(d->budget, "limits")) == NULL) return -1;
+    d->max_states = d->max_state_size = LONG_MAX;
+    if (limits != Py_None) {
+        PyObject *a = PyObject_GetAttrString(limits, "max_states");
+        PyObject *b = a == NULL ? NULL : PyObject_GetAttrString(limits, "max_state_size");
+        if (b != NULL) {
+            d->max_states = PyLong_AsLong(a);
+            d->max_state_size = PyLong_AsLong(b);
+        }
+        Py_XDECREF(a);
+        Py_XDECREF(b);
     }
+    Py_DECREF(limits);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* `StateRows.intern` of closure `key`; a new state within the limits is added here, one that
+ * would pass a limit or grow the rows' addresses goes to the Python method. */
+static long c_intern(Ctx *c, Table *d, PyObject *key) {
+    int found;
+    long got = get_state(d->ids, key, &found);
+    if (found || got == ERR) return got;
+    Py_ssize_t n = PyList_GET_SIZE(d->sets);
+    PyObject *pointers = PyObject_GetAttrString(d->states, "pointers");
+    Py_ssize_t room = pointers == NULL ? -1 : PyObject_Length(pointers);
+    Py_XDECREF(pointers);
+    if (room < 0) return ERR;
+    if (PyTuple_GET_SIZE(key) > d->max_state_size || n + 1 > d->max_states || n == room) {
+        PyObject *args[] = {d->states, key};
+        return state_from(call(s_intern, args, 2));
+    }
+    if (set_state(d->ids, key, n) < 0 || PyList_Append(d->sets, key) < 0 ||
+        PyList_Append(d->rows, Py_None) < 0)
+        return ERR;
+    c->table_bytes += tuple_base + tuple_item * PyTuple_GET_SIZE(key) + 2 * entry_bytes;
+    return n;
+}
+
+/* `LazyDFA._target_id` of the target set `v[0:n]` (sorted): its DFA id, -1 when its closure is
+ * empty, ERR on error. */
+static long c_target_id(Ctx *c, Table *d, const long *v, Py_ssize_t n) {
+    PyObject *key = tuple_of(v, n), *ck;
+    if (key == NULL) return ERR;
+    int found;
+    long got = get_state(d->by_targets, key, &found);
+    if (found || got == ERR) goto done;
+    if ((ck = c_closure(c, d->budget, key)) == NULL) {
+        got = ERR;
+        goto done;
+    }
+    if (PyTuple_GET_SIZE(ck) > 0) got = c_intern(c, d, ck);
+    Py_DECREF(ck);
+    if (got != ERR && set_state(d->by_targets, key, got) < 0) got = ERR;
+    if (got != ERR) c->table_bytes += tuple_base + tuple_item * n + entry_bytes;
+done:
     Py_DECREF(key);
-    return id == -1 && PyErr_Occurred() ? -2 : id;
+    return got;
 }
 
 static void fill(int32_t *row, long a, long b, long id) {
     for (long i = a; i < b; i++) row[i] = (int32_t)id;
 }
 
-/* fill_row(dfa, nfa, states, row): `LazyDFA._compute_row` of the state whose NFA set is
- * `states`, into `row` (an int32[256] buffer, all -1). */
-static PyObject *fill_row(PyObject *self, PyObject *args) {
-    PyObject *dfa, *nfa_obj, *states;
-    Py_buffer buf;
-    if (!PyArg_ParseTuple(args, "OOO!w*", &dfa, &nfa_obj, &PyTuple_Type, &states, &buf)) return NULL;
-    PyObject *out = NULL, *edges = NULL, *edges_fn = NULL, *by_targets = NULL, *target_fn = NULL;
+/* The row of the DFA state whose NFA set is `states` into `row` (all -1): 0, or -1 on error. */
+static int c_fill_row(Ctx *c, Table *d, PyObject *states, int32_t *row) {
+    int ok = -1;
     Edge *e = NULL;
     Py_ssize_t ne = 0, cap = 0;
     long *points = NULL, *active_t = NULL, *active_n = NULL, *key = NULL;
-    if (buf.len != 256 * (Py_ssize_t)sizeof(int32_t)) {
-        PyErr_SetString(PyExc_ValueError, "fill_row: the row must be an int32[256] buffer");
-        goto done;
-    }
-    int32_t *row = buf.buf;
-    if (!(edges = PyObject_GetAttrString(nfa_obj, "_edges")) ||
-        !(edges_fn = PyObject_GetAttrString(nfa_obj, "edges")) ||
-        !(by_targets = PyObject_GetAttrString(dfa, "_by_targets")) ||
-        !(target_fn = PyObject_GetAttrString(dfa, "_target_id")))
-        goto done;
-    if (!PyList_Check(edges) || !PyDict_Check(by_targets)) {
-        PyErr_SetString(PyExc_TypeError, "dfa_rows: unexpected automaton layout");
-        goto done;
-    }
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(states); i++) {
-        PyObject *s = PyTuple_GET_ITEM(states, i);
-        long si = PyLong_AsLong(s);
-        if (si == -1 && PyErr_Occurred()) goto done;
-        PyObject *list = item(edges, si), *made = NULL;
+        long s = PyLong_AsLong(PyTuple_GET_ITEM(states, i));
+        if (s == -1 && PyErr_Occurred()) goto done;
+        PyObject *list = c_edges(c, s);
         if (list == NULL) goto done;
-        if (list == Py_None) {
-            made = list = PyObject_CallOneArg(edges_fn, s);
-            if (list == NULL) goto done;
-        }
         for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(list); j++) {
             if (ne == cap) {
                 cap = cap ? 2 * cap : 32;
                 Edge *grown = realloc(e, cap * sizeof(Edge));
                 if (grown == NULL) {
-                    Py_XDECREF(made);
+                    Py_DECREF(list);
                     PyErr_NoMemory();
                     goto done;
                 }
@@ -400,7 +967,7 @@ static PyObject *fill_row(PyObject *self, PyObject *args) {
             e[ne].t = PyLong_AsLong(PyTuple_GET_ITEM(edge, 2));
             ne++;
         }
-        Py_XDECREF(made);
+        Py_DECREF(list);
     }
     if (PyErr_Occurred()) goto done;
     qsort(e, ne, sizeof(Edge), cmp_edge);
@@ -408,11 +975,11 @@ static PyObject *fill_row(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 1; i < ne && !overlap; i++) overlap = e[i - 1].hi >= e[i].lo;
     if (!overlap) { /* no two edges share a byte: one target each */
         for (Py_ssize_t i = 0; i < ne; i++) {
-            long id = target_id(by_targets, target_fn, &e[i].t, 1);
-            if (id == -2) goto done;
+            long id = c_target_id(c, d, &e[i].t, 1);
+            if (id == ERR) goto done;
             fill(row, e[i].lo, e[i].hi + 1, id);
         }
-        out = Py_NewRef(Py_None);
+        ok = 0;
         goto done;
     }
     /* Sweep the byte axis: a target enters at its edge's low byte, leaves after its high one. */
@@ -454,26 +1021,62 @@ static PyObject *fill_row(PyObject *self, PyObject *args) {
         if (na == 0) continue;
         memcpy(key, active_t, na * sizeof(long));
         qsort(key, na, sizeof(long), cmp_long);
-        long id = target_id(by_targets, target_fn, key, na);
-        if (id == -2) goto done;
+        long id = c_target_id(c, d, key, na);
+        if (id == ERR) goto done;
         fill(row, a, points[p + 1], id);
     }
-    out = Py_NewRef(Py_None);
+    ok = 0;
 done:
     free(e);
     free(points);
     free(active_t);
     free(active_n);
     free(key);
-    Py_XDECREF(edges);
-    Py_XDECREF(edges_fn);
-    Py_XDECREF(by_targets);
-    Py_XDECREF(target_fn);
+    return ok;
+}
+
+/* fill_row(dfa, nfa, states, row): `LazyDFA._compute_row` of the state whose NFA set is
+ * `states`, into `row` (an int32[256] buffer, all -1). */
+static PyObject *fill_row(PyObject *self, PyObject *args) {
+    PyObject *dfa, *nfa, *states;
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "OOO!w*", &dfa, &nfa, &PyTuple_Type, &states, &buf)) return NULL;
+    if (buf.len != 256 * (Py_ssize_t)sizeof(int32_t)) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "fill_row: the row must be an int32[256] buffer");
+        return NULL;
+    }
+    Table d;
+    if (table_load(&d, dfa) < 0) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    Ctx c;
+    PyObject *out = NULL;
+    if (ctx_load(&c, nfa) == 0) {
+        if (c_fill_row(&c, &d, states, buf.buf) == 0) out = Py_NewRef(Py_None);
+        out = ctx_done(&c, d.budget, out);
+    }
     PyBuffer_Release(&buf);
     return out;
 }
 
+/* configure(Chars, Seq, Alt, Repeat, sequences, max_nfa_states, state_bytes, edge_bytes,
+ * entry_bytes, tuple_base, tuple_item): what the module reads of `regex_ir`, `nfa`, `states` and
+ * `sys.getsizeof`. */
+static PyObject *configure(PyObject *self, PyObject *args) {
+    PyObject *t[5];
+    if (!PyArg_ParseTuple(args, "O!O!O!O!Ollllll", &PyType_Type, &t[0], &PyType_Type, &t[1],
+                          &PyType_Type, &t[2], &PyType_Type, &t[3], &t[4], &max_nfa_states,
+                          &state_bytes, &edge_bytes, &entry_bytes, &tuple_base, &tuple_item))
+        return NULL;
+    PyObject **slot[] = {&chars_type, &seq_type, &alt_type, &repeat_type, &sequences_fn};
+    for (int i = 0; i < 5; i++) Py_XSETREF(*slot[i], Py_NewRef(t[i]));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"configure", configure, METH_VARARGS, "The IR classes, helpers and costs the rows use."},
     {"closure", closure, METH_VARARGS, "LazyDFA.closure of a tuple of NFA states."},
     {"fill_row", fill_row, METH_VARARGS, "LazyDFA._compute_row into an int32[256] buffer."},
     {NULL, NULL, 0, NULL},
@@ -481,4 +1084,15 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dfa_rows", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit_dfa_rows(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit_dfa_rows(void) {
+    const char *names[] = {"items", "ranges", "facts", "tail", "_parts", "charge", "_charge",
+                           "new_state", "_counter", "_repeat_moves", "_dfa_moves", "add",
+                           "check", "dead", "intern"};
+    PyObject **slots[] = {&s_items, &s_ranges, &s_facts, &s_tail, &s_parts,
+                          &s_charge, &s_nfa_charge, &s_new_state, &s_counter, &s_repeat_moves,
+                          &s_dfa_moves, &s_add, &s_check, &s_dead, &s_intern};
+    for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++)
+        if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
+    if (!(empty = PyTuple_New(0)) || !(zero = PyLong_FromLong(0))) return NULL;
+    return PyModule_Create(&module);
+}

@@ -1,11 +1,13 @@
-"""The lazy DFA's closures and rows in C (`dfa_rows.c`, a Python extension module built on
-first use, see `native_build`), with `nfa.LazyDFA`'s Python code as its twin.
+"""The lazy DFA's rows in C (`dfa_rows.c`, a Python extension module built on first use, see
+`native_build`), with `nfa.LazyDFA`'s and `nfa.NFA`'s Python code as its twin.
 
-A new row is two loops over the NFA's made lists (the closure of each target set, the sweep
-of the row's byte edges) and a callback into Python for what the NFA has not made yet; the C
-module runs the loops on the same lists and dicts and calls the same Python methods, so the
-automaton (its states, their numbers, every row) is the same either way. Building it needs
-the interpreter's C headers (`sysconfig`'s include path); without them the twin runs.
+A new row is the byte sweep of its NFA states' edges, the closure of each new target set and
+the NFA states those make on the way (literal runs, character and lifted states, a sequence's
+or an alternation's moves); the C module does all of it on the same lists and dicts and
+calls the same Python methods for the rest (a repeat's or an explicit DFA's moves, limits
+and errors), so the automaton (its NFA and DFA states, their numbers, every row) is the same
+either way. Building it needs the interpreter's C headers (`sysconfig`'s include path);
+without them the twin runs.
 """
 
 from __future__ import annotations

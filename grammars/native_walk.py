@@ -92,6 +92,7 @@ class _Walk(threading.local):
 
     automaton: ByteAutomaton
     rows: np.ndarray  # the rows' addresses the C walk reads, held while it reads them
+    address: int  # of `rows`
     error: BaseException | None
 
 
@@ -103,12 +104,14 @@ def _fill(state: int, num_rows: ctypes._Pointer[ctypes.c_int64]) -> int:
     walk = _WALK
     try:
         walk.automaton.row(state)
-        walk.rows = walk.automaton.row_pointers()
+        rows = walk.automaton.row_pointers()
     except BaseException as exc:  # noqa: BLE001 - handed to the caller, ctypes would drop it
         walk.error = exc
         return 0
-    num_rows[0] = walk.rows.shape[0]
-    return walk.rows.ctypes.data
+    if rows is not walk.rows:  # grown: a new array (`.ctypes` costs as much as a small row)
+        walk.rows, walk.address = rows, rows.ctypes.data
+    num_rows[0] = rows.shape[0]
+    return walk.address
 
 
 def native_mask(
@@ -122,9 +125,10 @@ def native_mask(
     states = np.empty(trie.max_depth + 1, dtype=np.int32)
     walk = _WALK
     walk.automaton, walk.rows, walk.error = automaton, automaton.row_pointers(), None
+    walk.address = walk.rows.ctypes.data
     try:
         failed = fn(
-            walk.rows.ctypes.data,
+            walk.address,
             walk.rows.shape[0],
             ctypes.addressof(trie),
             state,

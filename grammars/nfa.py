@@ -33,7 +33,9 @@ The DFA is built on demand: a state is the set of NFA states with byte edges or 
 epsilon closure, interned to an int; its 256-entry row of successors (-1 = dead) is computed
 the first time someone asks for it. NFA moves and edges and DFA states are tuples of ints,
 which Python's cyclic garbage collector stops tracking: a cached grammar holds hundreds of
-thousands of them, and as lists or sets each full collection would walk them all. (One
+thousands of them, and as lists or sets each full collection would walk them all.
+`dfa_rows.c` (see `native_rows`) runs the rows, closures and interning and the NFA states they
+make in C over these same lists and dicts (`_parts`); the code here is its twin. (One
 module past 400 lines: the DFA's closure and the NFA's lazily made moves, lifts and pruning
 are two halves of one construction.)
 """
@@ -54,11 +56,11 @@ from .states import DICT_ENTRY_BYTES, StateRows
 
 MAX_NFA_STATES = 500_000
 _CHECK_EVERY = 256  # closure steps between clock checks
-_DEAD_ROW = np.full(256, -1, dtype=np.int32)  # copied: cheaper than np.full for every row
 
 # Per NFA state: its two lists, its id, its key and todo entry (measured, roughly).
 _NFA_STATE_BYTES = 2 * sys.getsizeof([]) + 32 + 200
 _EDGE_BYTES = sys.getsizeof((0, 0, 0)) + 8  # a (lo, hi, target) tuple and its list slot
+_TUPLE_BYTES = (sys.getsizeof(()), sys.getsizeof((0,)) - sys.getsizeof(()))  # base, per item
 
 
 class CompileTimeout(ValueError):
@@ -109,6 +111,9 @@ class NFA:
         self._lifts: dict[tuple[int, int, int], int] = {}  # (state, end, target) -> lifted
         self._lifted: dict[int, tuple[int, int, int]] = {}  # lifted -> (state, end, target)
         self._order: dict[int, tuple[tuple, int]] = {}  # counter -> (its counter, its count)
+        # what the C rows (`dfa_rows.c`) read and write, in one attribute
+        self._parts = (self._eps, self._edges, self._todo, self._runs, self._run_todo, self._ids,
+                       self._shared, self._lifts, self._lifted, self._order, self.tags)  # fmt: skip
 
     def __len__(self) -> int:
         return len(self._eps)
@@ -408,14 +413,20 @@ class LazyDFA:
         self._tags: dict[int, tuple[int, ...]] = {}
         self.states = StateRows(self.budget, "NFA states")
         self.sets = self.states.sets
-        self._native = dfa_rows()  # the C twin of `closure` and `_compute_row`, or None
+        self._native = dfa_rows()  # the C twin of `closure`, `_compute_row` and what they make
+        if self._native is not None:
+            self._native.configure(Chars, Seq, Alt, Repeat, _sequences, MAX_NFA_STATES,
+                                   _NFA_STATE_BYTES, _EDGE_BYTES, DICT_ENTRY_BYTES, *_TUPLE_BYTES)  # fmt: skip
+        # what the C rows read of this DFA, in one attribute
+        self._parts = (self._by_targets, self.states._ids, self.sets, self.states._rows,
+                       self.states, self.budget)  # fmt: skip
 
     def closure(self, states: tuple[int, ...]) -> tuple[int, ...]:
         """NFA states with byte edges or tags reachable from `states` by epsilon moves, less
         the counted ones another subsumes (`NFA.prune`)."""
         self.budget.check_time()
         if self._native is not None:
-            return self._native.closure(self.nfa, states)
+            return self._native.closure(self.nfa, self.budget, states)
         nfa = self.nfa
         made = nfa._eps  # read in place: this loop is most of a new row's time
         if len(states) == 1 and made[states[0]] == ():  # a state with no moves: itself
@@ -456,11 +467,10 @@ class LazyDFA:
     def row(self, state: int) -> np.ndarray:
         return self.states.row(state, self._compute_row)
 
-    def _compute_row(self, state: int) -> np.ndarray:
-        row = _DEAD_ROW.copy()
+    def _compute_row(self, state: int, row: np.ndarray) -> None:
         if self._native is not None:
             self._native.fill_row(self, self.nfa, self.sets[state], row)
-            return row
+            return
         nfa = self.nfa
         made = nfa._edges
         edges = []
@@ -474,7 +484,7 @@ class LazyDFA:
             for lo, hi, t in edges:
                 got = by_targets.get((t,))
                 row[lo : hi + 1] = self._target_id((t,)) if got is None else got
-            return row
+            return
         # Sweep the byte axis: targets enter at an edge's low byte and leave after its high one.
         events: dict[int, list[tuple[int, int]]] = {}
         for lo, hi, t in edges:
@@ -493,7 +503,6 @@ class LazyDFA:
                 key = tuple(sorted(active))
                 got = by_targets.get(key)
                 row[a:b] = self._target_id(key) if got is None else got
-        return row
 
     def tags(self, state: int) -> tuple[int, ...]:
         """Tags of the accepting NFA states in `state` (kept: parser states share lexer states)."""

@@ -1,11 +1,12 @@
 """Interned automaton states and their lazily computed rows, counted against a grammar's budget.
 
 A state is a hashable set (of NFA states, or of parser positions) interned to an int; its row
-is an int32[256] of successor states (-1 = dead), computed the first time someone asks and
-kept as its own array: a table of all states would be copied each time it grew, and a large
-automaton's growth copied megabytes in the middle of a mask. `pointers` holds each computed
-row's address (0 before), for the native trie walk (`native_walk`), which reads the rows where
-they are.
+is an int32[256] of successor states (-1 = dead), computed the first time someone asks. Rows
+live in blocks of up to 64 that are never copied or moved (a table of all states would be
+copied each time it grew, and a large automaton's growth copied megabytes in the middle of a
+mask), handed out in the order rows are computed. `pointers` holds each computed row's
+address (0 before), for the native trie walk (`native_walk`), which reads the rows where they
+are.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from .budget import GrammarBudget
 DICT_ENTRY_BYTES = 100  # a dict or set slot, its hash and key tuple, roughly
 ROW_BYTES = np.empty(256, dtype=np.int32).nbytes + sys.getsizeof(np.empty(0)) + 8
 POINTER_BYTES = 8
+_BLOCK_ROWS = 64  # rows per block, once the first blocks (4, 8, ...) are used up
+_ROW_STRIDE = 256 * 4
 
 
 class StateRows:
@@ -34,6 +37,9 @@ class StateRows:
         self._rows: list[np.ndarray | None] = []
         self.pointers = np.zeros(64, dtype=np.int64)
         budget.charge(self.pointers.nbytes)
+        self._block = np.empty((0, 256), dtype=np.int32)  # where the next rows go
+        self._next = 0  # the next free row of `_block`
+        self._address = 0  # of `_block`
 
     def __len__(self) -> int:
         return len(self.sets)
@@ -53,12 +59,23 @@ class StateRows:
                 self.pointers = np.concatenate([self.pointers, np.zeros(got, dtype=np.int64)])
         return got
 
-    def row(self, state: int, compute: Callable[[int], np.ndarray]) -> np.ndarray:
-        """The row of `state`, from `compute(state)` (a new int32[256]) the first time."""
+    def row(self, state: int, fill: Callable[[int, np.ndarray], None]) -> np.ndarray:
+        """The row of `state`, written by `fill(state, row)` into a fresh row of -1s the
+        first time."""
         got = self._rows[state]
         if got is None:
             self.budget.check_time()
-            got = self._rows[state] = np.ascontiguousarray(compute(state), dtype=np.int32)
+            if self._next == self._block.shape[0]:
+                rows = min(_BLOCK_ROWS, max(4, 2 * self._block.shape[0]))
+                self._block = np.full((rows, 256), -1, dtype=np.int32)
+                self._next, self._address = 0, self._block.ctypes.data
+            # taken before `fill` runs, so that a fill that fails leaves no half-written row
+            # to the next state
+            k = self._next
+            self._next += 1
+            got = self._block[k]
+            fill(state, got)
+            self._rows[state] = got
             self.budget.charge(ROW_BYTES)
-            self.pointers[state] = got.ctypes.data
+            self.pointers[state] = self._address + k * _ROW_STRIDE
         return got

@@ -98,7 +98,10 @@ def test_the_same_automaton_as_the_python_code(native, monkeypatch, make):
     for a, b in zip(rows_c, rows_twin, strict=True):
         assert np.array_equal(a, b)
     assert with_c.dfa.sets == twin.dfa.sets  # the same NFA sets, numbered alike
-    assert len(with_c.dfa.nfa) == len(twin.dfa.nfa)
+    nfa_c, nfa_twin = with_c.dfa.nfa, twin.dfa.nfa
+    assert nfa_c._eps == nfa_twin._eps  # the same NFA states, made as far, numbered alike
+    assert nfa_c._edges == nfa_twin._edges
+    assert nfa_c.nbytes == nfa_twin.nbytes and with_c.budget.nbytes == twin.budget.nbytes
 
 
 def test_a_budget_raised_inside_comes_through(native, monkeypatch):
