@@ -22,11 +22,12 @@
 #define ERR (-2)        /* a state-returning function's error (-1 is "matches nothing") */
 
 /* Set once by `configure`: the IR classes, `nfa._sequences`, the byte costs and the limit. */
-static PyObject *chars_type, *seq_type, *alt_type, *repeat_type, *sequences_fn;
+static PyObject *chars_type, *seq_type, *alt_type, *repeat_type, *dfa_type, *sequences_fn;
 static long max_nfa_states, state_bytes, edge_bytes, entry_bytes;
 static long tuple_base, tuple_item; /* sys.getsizeof of a tuple: base + item * length */
 static PyObject *empty, *zero, *s_items, *s_ranges, *s_facts, *s_tail, *s_parts, *s_charge, *s_nfa_charge,
-    *s_new_state, *s_counter, *s_repeat_moves, *s_dfa_moves, *s_add, *s_check, *s_dead, *s_intern;
+    *s_new_state, *s_counter, *s_repeat_moves, *s_dfa_moves, *s_add, *s_check, *s_dead, *s_intern, *s_counted, *s_body_ir, *s_live, *s_hi, *s_lo, *s_table,
+    *s_start, *s_accepting, *s_moves, *s_shortest, *s_longest;
 
 typedef struct {
     long lo, hi, t;
@@ -214,6 +215,7 @@ static int set_state(PyObject *dict, PyObject *key, long state) {
 typedef struct {
     PyObject *nfa, *parts;
     PyObject *eps, *edges, *todo, *runs, *run_todo, *ids, *shared, *lifts, *lifted, *order, *tags;
+    PyObject *ends, *bodies, *body_irs, *counted; /* `counted`: the NFA's facts' memo */
     long steps;       /* closure steps in this call, for the clock checks */
     long nfa_bytes;   /* NFA states, moves, edges: `nfa._charge` */
     long table_bytes; /* target sets: `budget.charge` */
@@ -224,14 +226,15 @@ static int ctx_load(Ctx *c, PyObject *nfa) {
     c->nfa = nfa;
     c->parts = PyObject_GetAttr(nfa, s_parts);
     if (c->parts == NULL) return -1;
-    if (!PyTuple_Check(c->parts) || PyTuple_GET_SIZE(c->parts) != 11) {
+    if (!PyTuple_Check(c->parts) || PyTuple_GET_SIZE(c->parts) != 15) {
         PyErr_SetString(PyExc_TypeError, "dfa_rows: unexpected NFA layout");
         Py_CLEAR(c->parts);
         return -1;
     }
-    PyObject **p[] = {&c->eps, &c->edges, &c->todo, &c->runs, &c->run_todo, &c->ids,
-                      &c->shared, &c->lifts, &c->lifted, &c->order, &c->tags};
-    for (int i = 0; i < 11; i++) {
+    PyObject **p[] = {&c->eps,    &c->edges,  &c->todo,   &c->runs,  &c->run_todo,
+                      &c->ids,    &c->shared, &c->lifts,  &c->lifted, &c->order,
+                      &c->tags,   &c->ends,   &c->bodies, &c->body_irs, &c->counted};
+    for (int i = 0; i < 15; i++) {
         *p[i] = PyTuple_GET_ITEM(c->parts, i);
         if (i < 2 ? !PyList_Check(*p[i]) : !PyDict_Check(*p[i])) {
             PyErr_SetString(PyExc_TypeError, "dfa_rows: unexpected NFA layout");
@@ -574,6 +577,261 @@ static long state_from(PyObject *r) {
     return s == -1 && PyErr_Occurred() ? ERR : s;
 }
 
+/* ---- counted nodes: repeats and explicit DFAs (`NFA` methods of the same names) ---- */
+
+/* `facts.counted(node)`'s memo entry (node, body, lo, hi), a new reference; the Python method
+ * makes it the first time */
+static PyObject *c_counted(Ctx *c, PyObject *node) {
+    PyObject *id = PyLong_FromVoidPtr(node);
+    if (id == NULL) return NULL;
+    PyObject *got = PyDict_GetItemWithError(c->counted, id);
+    if (got == NULL && !PyErr_Occurred()) {
+        PyObject *facts = PyObject_GetAttr(c->nfa, s_facts), *args[] = {facts, node};
+        PyObject *r = facts == NULL ? NULL : call(s_counted, args, 2);
+        Py_XDECREF(facts);
+        if (r != NULL) {
+            Py_DECREF(r);
+            got = PyDict_GetItemWithError(c->counted, id);
+            if (got == NULL && !PyErr_Occurred())
+                PyErr_SetString(PyExc_KeyError, "dfa_rows: facts.counted kept no entry");
+        }
+    }
+    Py_DECREF(id);
+    return Py_XNewRef(got);
+}
+
+/* a long from an attribute that may be None (`*none` set then) */
+static int long_attr(PyObject *obj, PyObject *name, long *out, int *none) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    *none = v == Py_None;
+    *out = *none ? 0 : PyLong_AsLong(v);
+    Py_DECREF(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* `NFA._counter`: the state of counted `node` at `arg` (a Repeat's count, a Dfa's (table
+ * state, count)), marked for `prune` past the node's minimum count */
+static long c_counter(Ctx *c, PyObject *node, PyObject *arg, long nxt) {
+    long got = c_state(c, node, arg, nxt);
+    if (got == ERR) return ERR;
+    PyObject *id = PyLong_FromVoidPtr(node), *counter = NULL, *count = NULL;
+    int past;
+    if (id == NULL) return ERR;
+    if (PyObject_TypeCheck(node, (PyTypeObject *)repeat_type)) {
+        PyObject *memo = c_counted(c, node);
+        past = memo == NULL ? -1 : PyObject_RichCompareBool(arg, PyTuple_GET_ITEM(memo, 2), Py_GE);
+        Py_XDECREF(memo);
+        if (past > 0) {
+            PyObject *x = PyLong_FromLong(nxt);
+            counter = x == NULL ? NULL : PyTuple_Pack(2, id, x);
+            Py_XDECREF(x);
+            count = Py_NewRef(arg);
+        }
+    } else {
+        PyObject *lo = PyObject_GetAttr(node, s_lo);
+        past = lo == NULL ? -1 : PyObject_RichCompareBool(PyTuple_GET_ITEM(arg, 1), lo, Py_GE);
+        Py_XDECREF(lo);
+        if (past > 0) {
+            counter = triple(id, PyTuple_GET_ITEM(arg, 0), nxt);
+            count = Py_NewRef(PyTuple_GET_ITEM(arg, 1));
+        }
+    }
+    Py_DECREF(id);
+    if (past < 0) return ERR;
+    if (past) {
+        PyObject *k = PyLong_FromLong(got), *order = counter ? PyTuple_Pack(2, counter, count) : NULL;
+        if (k == NULL || order == NULL || PyDict_SetItem(c->order, k, order) < 0) got = ERR;
+        Py_XDECREF(k);
+        Py_XDECREF(order);
+    }
+    Py_XDECREF(counter);
+    Py_XDECREF(count);
+    return got;
+}
+
+/* `NFA._end`: the end state of counted `node`'s body */
+static long c_end(Ctx *c, PyObject *node) {
+    PyObject *id = PyLong_FromVoidPtr(node);
+    if (id == NULL) return ERR;
+    int found;
+    long got = get_state(c->ends, id, &found);
+    if (!found && got != ERR) {
+        got = c_new_state(c, empty, empty);
+        if (got != ERR && set_state(c->ends, id, got) < 0) got = ERR;
+    }
+    Py_DECREF(id);
+    return got;
+}
+
+/* `NFA._body_ir`: the IR `node` reads for one count (`ranges` None: a Repeat's body), a new
+ * reference; a Dfa's is made by the Python method the first time */
+static PyObject *c_body_ir(Ctx *c, PyObject *node, PyObject *ranges) {
+    PyObject *id = PyLong_FromVoidPtr(node);
+    PyObject *key = id == NULL ? NULL : PyTuple_Pack(2, id, ranges);
+    Py_XDECREF(id);
+    if (key == NULL) return NULL;
+    PyObject *got = PyDict_GetItemWithError(c->body_irs, key);
+    if (got != NULL) {
+        got = Py_NewRef(got);
+    } else if (!PyErr_Occurred()) {
+        if (ranges == Py_None) {
+            PyObject *memo = c_counted(c, node);
+            if (memo != NULL) {
+                got = Py_NewRef(PyTuple_GET_ITEM(memo, 1));
+                Py_DECREF(memo);
+                if (PyDict_SetItem(c->body_irs, key, got) < 0) Py_CLEAR(got);
+            }
+        } else {
+            PyObject *args[] = {c->nfa, node, ranges};
+            got = call(s_body_ir, args, 3);
+        }
+    }
+    Py_DECREF(key);
+    return got;
+}
+
+/* `NFA._copy`: reads one count of `node` (see `c_body_ir`), then `target`; -1 if nothing */
+static long c_copy(Ctx *c, PyObject *node, PyObject *ranges, long target) {
+    long hi;
+    int unbounded;
+    if (long_attr(node, s_hi, &hi, &unbounded) < 0) return ERR;
+    if (unbounded || hi <= 1) {
+        PyObject *body = c_body_ir(c, node, ranges);
+        long got = body == NULL ? ERR : c_add(c, body, target);
+        Py_XDECREF(body);
+        return got;
+    }
+    PyObject *id = PyLong_FromVoidPtr(node);
+    PyObject *key = id == NULL ? NULL : PyTuple_Pack(2, id, ranges);
+    Py_XDECREF(id);
+    if (key == NULL) return ERR;
+    int found;
+    long start = get_state(c->bodies, key, &found);
+    if (!found && start != ERR) {
+        PyObject *body = c_body_ir(c, node, ranges);
+        long end = body == NULL ? ERR : c_end(c, node);
+        start = end == ERR ? ERR : c_add(c, body, end);
+        Py_XDECREF(body);
+        if (start != ERR && set_state(c->bodies, key, start) < 0) start = ERR;
+    }
+    Py_DECREF(key);
+    if (start < 0) return start; /* ERR, or -1: matches nothing */
+    long end = c_end(c, node);
+    return end == ERR ? ERR : c_lift(c, start, end, target);
+}
+
+/* `NFA._repeat_moves` into `out`: out when `k` copies are enough, into one more when allowed */
+static int c_repeat_moves(Ctx *c, PyObject *node, long k, long nxt, Longs *out) {
+    PyObject *memo = c_counted(c, node);
+    if (memo == NULL) return -1;
+    PyObject *body = PyTuple_GET_ITEM(memo, 1), *hi_obj = PyTuple_GET_ITEM(memo, 3);
+    long lo = PyLong_AsLong(PyTuple_GET_ITEM(memo, 2));
+    long hi = hi_obj == Py_None ? 0 : PyLong_AsLong(hi_obj);
+    int ok = PyErr_Occurred() ? -1 : 0;
+    if (ok == 0 && k >= lo) ok = longs_push(out, nxt);
+    if (ok == 0 && body != Py_None && (hi_obj == Py_None || k < hi)) {
+        long more = hi_obj != Py_None || k < lo ? k + 1 : k; /* unbounded: count only to lo */
+        PyObject *arg = PyLong_FromLong(more);
+        long counter = arg == NULL ? ERR : c_counter(c, node, arg, nxt);
+        Py_XDECREF(arg);
+        long start = counter == ERR ? ERR : c_copy(c, node, Py_None, counter);
+        if (start == ERR) ok = -1;
+        else if (start >= 0) ok = longs_push(out, start);
+    }
+    Py_DECREF(memo);
+    return ok;
+}
+
+/* `DfaTable.live(t, count, lo, hi)`: 1, 0, -1 on error; `known_live`'s tests here, the rest
+ * (a narrow length window's suffix lengths) by the Python method */
+static int c_live(Ctx *c, PyObject *table, long t, long count, long lo, PyObject *hi_obj) {
+    PyObject *shortest = PyObject_GetAttr(table, s_shortest);
+    PyObject *longest = shortest == NULL ? NULL : PyObject_GetAttr(table, s_longest);
+    PyObject *a = longest == NULL ? NULL : PySequence_GetItem(shortest, t);
+    PyObject *b = a == NULL ? NULL : PySequence_GetItem(longest, t);
+    double lo_len = a == NULL ? 0 : PyFloat_AsDouble(a);
+    double hi_len = b == NULL ? 0 : PyFloat_AsDouble(b);
+    Py_XDECREF(shortest);
+    Py_XDECREF(longest);
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    Py_ssize_t size = b == NULL ? -1 : PyObject_Length(table);
+    if (size < 0 || PyErr_Occurred()) return -1;
+    long hi = hi_obj == Py_None ? 0 : PyLong_AsLong(hi_obj);
+    if (hi == -1 && PyErr_Occurred()) return -1;
+    if (hi_obj != Py_None && count + lo_len > hi) return 0;
+    if (count >= lo) return 1;
+    long need = lo - count;
+    if (hi_len < need) return 0;
+    if (hi_obj == Py_None || hi - count >= need + size) return 1;
+    PyObject *check = PyObject_GetAttr(c->nfa, s_check);
+    PyObject *tt = PyLong_FromLong(t), *cc = PyLong_FromLong(count), *ll = PyLong_FromLong(lo);
+    PyObject *args[] = {table, tt, cc, ll, hi_obj, check}, *r = NULL;
+    if (check && tt && cc && ll) r = call(s_live, args, 6);
+    Py_XDECREF(check);
+    Py_XDECREF(tt);
+    Py_XDECREF(cc);
+    Py_XDECREF(ll);
+    int live = r == NULL ? -1 : PyObject_IsTrue(r);
+    Py_XDECREF(r);
+    return live;
+}
+
+/* `NFA._dfa_moves` into `out`: the moves of Dfa `node` at `arg` = (table state, count) */
+static int c_dfa_moves(Ctx *c, PyObject *node, PyObject *arg, long nxt, Longs *out) {
+    if (!PyTuple_Check(arg) || PyTuple_GET_SIZE(arg) != 2) {
+        PyErr_SetString(PyExc_TypeError, "dfa_rows: a Dfa state is not (table state, count)");
+        return -1;
+    }
+    long s = PyLong_AsLong(PyTuple_GET_ITEM(arg, 0)), count = PyLong_AsLong(PyTuple_GET_ITEM(arg, 1));
+    long lo;
+    int no_lo;
+    if (PyErr_Occurred() || long_attr(node, s_lo, &lo, &no_lo) < 0) return -1;
+    PyObject *hi_obj = PyObject_GetAttr(node, s_hi), *table = NULL, *accepting = NULL;
+    PyObject *moves = NULL, *row = NULL, *fast = NULL;
+    int ok = -1;
+    if (hi_obj == NULL || (table = PyObject_GetAttr(node, s_table)) == NULL ||
+        (accepting = PyObject_GetAttr(table, s_accepting)) == NULL ||
+        (moves = PyObject_GetAttr(table, s_moves)) == NULL)
+        goto done;
+    PyObject *acc = PySequence_GetItem(accepting, s);
+    int accepts = acc == NULL ? -1 : PyObject_IsTrue(acc);
+    Py_XDECREF(acc);
+    if (accepts < 0 || (accepts && count >= lo && longs_push(out, nxt) < 0)) goto done;
+    long more = hi_obj != Py_None || count < lo ? count + 1 : count;
+    if ((row = PySequence_GetItem(moves, s)) == NULL ||
+        (fast = PySequence_Fast(row, "dfa_rows: a table row is not a sequence")) == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
+        PyObject *move = PySequence_Fast_GET_ITEM(fast, i); /* (ranges, target) */
+        if (!PyTuple_Check(move) || PyTuple_GET_SIZE(move) != 2) {
+            PyErr_SetString(PyExc_TypeError, "dfa_rows: a table move is not (ranges, target)");
+            goto done;
+        }
+        long t = PyLong_AsLong(PyTuple_GET_ITEM(move, 1));
+        if (t == -1 && PyErr_Occurred()) goto done;
+        int live = c_live(c, table, t, more, lo, hi_obj);
+        if (live < 0) goto done;
+        if (!live) continue;
+        long pair[] = {t, more};
+        PyObject *at = tuple_of(pair, 2);
+        long counter = at == NULL ? ERR : c_counter(c, node, at, nxt);
+        Py_XDECREF(at);
+        long start = counter == ERR ? ERR : c_copy(c, node, PyTuple_GET_ITEM(move, 0), counter);
+        if (start == ERR || (start >= 0 && longs_push(out, start) < 0)) goto done;
+    }
+    ok = 0;
+done:
+    Py_XDECREF(hi_obj);
+    Py_XDECREF(table);
+    Py_XDECREF(accepting);
+    Py_XDECREF(moves);
+    Py_XDECREF(row);
+    Py_XDECREF(fast);
+    return ok;
+}
+
 /* nfa.name(node, arg, nxt) (`arg` NULL: nfa.name(node, nxt)) as a state */
 static long call_state(Ctx *c, PyObject *name, PyObject *node, PyObject *arg, long nxt) {
     PyObject *x = PyLong_FromLong(nxt);
@@ -617,10 +875,15 @@ static long c_add(Ctx *c, PyObject *node, long nxt) {
         Py_DECREF(items);
         return got;
     }
-    if (PyObject_TypeCheck(node, (PyTypeObject *)repeat_type))
-        return call_state(c, s_counter, node, zero, nxt);
+    if (PyObject_TypeCheck(node, (PyTypeObject *)repeat_type)) return c_counter(c, node, zero, nxt);
     if (PyObject_TypeCheck(node, (PyTypeObject *)alt_type)) return c_state(c, node, zero, nxt);
-    return call_state(c, s_add, node, NULL, nxt); /* a Dfa */
+    if (!PyObject_TypeCheck(node, (PyTypeObject *)dfa_type)) return call_state(c, s_add, node, NULL, nxt);
+    PyObject *start = PyObject_GetAttr(node, s_start);
+    PyObject *arg = start == NULL ? NULL : PyTuple_Pack(2, start, zero);
+    Py_XDECREF(start);
+    long got = arg == NULL ? ERR : c_counter(c, node, arg, nxt);
+    Py_XDECREF(arg);
+    return got;
 }
 
 /* `NFA._node_moves` of state `s` from its `_todo` entry (node, arg, nxt) */
@@ -642,23 +905,11 @@ static PyObject *c_node_moves(Ctx *c, long s, PyObject *todo) {
             long t = c_add(c, PyTuple_GET_ITEM(items, i), nxt);
             if (t == ERR || longs_push(&out, t) < 0) goto done;
         }
-    } else { /* a Repeat's or a Dfa's: Python */
-        int repeat = PyObject_TypeCheck(node, (PyTypeObject *)repeat_type);
-        PyObject *x = PyLong_FromLong(nxt), *args[] = {c->nfa, node, arg, x};
-        PyObject *r = x == NULL ? NULL : call(repeat ? s_repeat_moves : s_dfa_moves, args, 4);
-        Py_XDECREF(x);
-        if (r == NULL) goto done;
-        PyObject *seq = PySequence_Fast(r, "dfa_rows: moves are not a list");
-        Py_DECREF(r);
-        if (seq == NULL) goto done;
-        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-            long t = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
-            if ((t == -1 && PyErr_Occurred()) || longs_push(&out, t) < 0) {
-                Py_DECREF(seq);
-                goto done;
-            }
-        }
-        Py_DECREF(seq);
+    } else if (PyObject_TypeCheck(node, (PyTypeObject *)repeat_type)) {
+        long k = PyLong_AsLong(arg);
+        if ((k == -1 && PyErr_Occurred()) || c_repeat_moves(c, node, k, nxt, &out) < 0) goto done;
+    } else if (c_dfa_moves(c, node, arg, nxt, &out) < 0) {
+        goto done;
     }
     Py_ssize_t n = 0;
     for (Py_ssize_t i = 0; i < out.n; i++)
@@ -1061,17 +1312,18 @@ static PyObject *fill_row(PyObject *self, PyObject *args) {
     return out;
 }
 
-/* configure(Chars, Seq, Alt, Repeat, sequences, max_nfa_states, state_bytes, edge_bytes,
+/* configure(Chars, Seq, Alt, Repeat, Dfa, sequences, max_nfa_states, state_bytes, edge_bytes,
  * entry_bytes, tuple_base, tuple_item): what the module reads of `regex_ir`, `nfa`, `states` and
  * `sys.getsizeof`. */
 static PyObject *configure(PyObject *self, PyObject *args) {
-    PyObject *t[5];
-    if (!PyArg_ParseTuple(args, "O!O!O!O!Ollllll", &PyType_Type, &t[0], &PyType_Type, &t[1],
-                          &PyType_Type, &t[2], &PyType_Type, &t[3], &t[4], &max_nfa_states,
-                          &state_bytes, &edge_bytes, &entry_bytes, &tuple_base, &tuple_item))
+    PyObject *t[6];
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!Ollllll", &PyType_Type, &t[0], &PyType_Type, &t[1],
+                          &PyType_Type, &t[2], &PyType_Type, &t[3], &PyType_Type, &t[4], &t[5],
+                          &max_nfa_states, &state_bytes, &edge_bytes, &entry_bytes, &tuple_base,
+                          &tuple_item))
         return NULL;
-    PyObject **slot[] = {&chars_type, &seq_type, &alt_type, &repeat_type, &sequences_fn};
-    for (int i = 0; i < 5; i++) Py_XSETREF(*slot[i], Py_NewRef(t[i]));
+    PyObject **slot[] = {&chars_type, &seq_type, &alt_type, &repeat_type, &dfa_type, &sequences_fn};
+    for (int i = 0; i < 6; i++) Py_XSETREF(*slot[i], Py_NewRef(t[i]));
     Py_RETURN_NONE;
 }
 
@@ -1087,10 +1339,13 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dfa_rows", NULL, -1,
 PyMODINIT_FUNC PyInit_dfa_rows(void) {
     const char *names[] = {"items", "ranges", "facts", "tail", "_parts", "charge", "_charge",
                            "new_state", "_counter", "_repeat_moves", "_dfa_moves", "add",
-                           "check", "dead", "intern"};
+                           "check", "dead", "intern", "counted", "_body_ir", "live", "hi",
+                           "lo", "table", "start", "accepting", "moves", "shortest", "longest"};
     PyObject **slots[] = {&s_items, &s_ranges, &s_facts, &s_tail, &s_parts,
                           &s_charge, &s_nfa_charge, &s_new_state, &s_counter, &s_repeat_moves,
-                          &s_dfa_moves, &s_add, &s_check, &s_dead, &s_intern};
+                          &s_dfa_moves, &s_add, &s_check, &s_dead, &s_intern, &s_counted,
+                          &s_body_ir, &s_live, &s_hi, &s_lo, &s_table, &s_start,
+                          &s_accepting, &s_moves, &s_shortest, &s_longest};
     for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++)
         if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
     if (!(empty = PyTuple_New(0)) || !(zero = PyLong_FromLong(0))) return NULL;

@@ -113,7 +113,8 @@ class NFA:
         self._order: dict[int, tuple[tuple, int]] = {}  # counter -> (its counter, its count)
         # what the C rows (`dfa_rows.c`) read and write, in one attribute
         self._parts = (self._eps, self._edges, self._todo, self._runs, self._run_todo, self._ids,
-                       self._shared, self._lifts, self._lifted, self._order, self.tags)  # fmt: skip
+                       self._shared, self._lifts, self._lifted, self._order, self.tags,
+                       self._ends, self._bodies, self._body_irs, self.facts._counted)  # fmt: skip
 
     def __len__(self) -> int:
         return len(self._eps)
@@ -415,7 +416,7 @@ class LazyDFA:
         self.sets = self.states.sets
         self._native = dfa_rows()  # the C twin of `closure`, `_compute_row` and what they make
         if self._native is not None:
-            self._native.configure(Chars, Seq, Alt, Repeat, _sequences, MAX_NFA_STATES,
+            self._native.configure(Chars, Seq, Alt, Repeat, Dfa, _sequences, MAX_NFA_STATES,
                                    _NFA_STATE_BYTES, _EDGE_BYTES, DICT_ENTRY_BYTES, *_TUPLE_BYTES)  # fmt: skip
         # what the C rows read of this DFA, in one attribute
         self._parts = (self._by_targets, self.states._ids, self.sets, self.states._rows,
