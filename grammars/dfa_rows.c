@@ -15,6 +15,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,7 +28,7 @@ static long max_nfa_states, state_bytes, edge_bytes, entry_bytes;
 static long tuple_base, tuple_item; /* sys.getsizeof of a tuple: base + item * length */
 static PyObject *empty, *zero, *s_items, *s_ranges, *s_facts, *s_tail, *s_parts, *s_charge, *s_nfa_charge,
     *s_new_state, *s_counter, *s_repeat_moves, *s_dfa_moves, *s_add, *s_check, *s_dead, *s_intern, *s_counted, *s_body_ir, *s_live, *s_hi, *s_lo, *s_table,
-    *s_start, *s_accepting, *s_moves, *s_shortest, *s_longest;
+    *s_start, *s_accepting, *s_moves, *s_shortest, *s_longest, *s_row, *s_row_pointers;
 
 typedef struct {
     long lo, hi, t;
@@ -961,7 +962,7 @@ static PyObject *c_edges(Ctx *c, long s) {
 
 /* `NFA.has_edges`: 1, 0, or -1 on error. */
 static int has_edges(Ctx *c, long s) {
-    for (;;) {
+    while (PyDict_GET_SIZE(c->lifted)) {
         PyObject *lift = get_int_key(c->lifted, s);
         if (lift == NULL) {
             if (PyErr_Occurred()) return -1;
@@ -978,6 +979,7 @@ static int has_edges(Ctx *c, long s) {
 /* `NFA.prune` over `v[0:n]` (in place; returns the new length, -1 on error): the lifted
  * states that another one subsumes are dropped, the rest kept. */
 static Py_ssize_t prune(Ctx *c, long *v, Py_ssize_t n) {
+    if (PyDict_GET_SIZE(c->lifted) == 0 || PyDict_GET_SIZE(c->order) == 0) return n; /* none */
     PyObject *best = PyDict_New(); /* (state, end, counter) -> (state, count) */
     if (best == NULL) return -1;
     Py_ssize_t kept = 0;
@@ -1327,8 +1329,74 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- the trie walk's row callback (`native_walk`) ---- */
+
+/* The running walk's automaton, its rows' addresses (held while the walk reads them) and the
+ * first error of a callback; per thread, since walks run without the GIL. */
+static _Thread_local PyObject *walk_automaton, *walk_rows, *walk_error;
+
+/* trie_walk.c's `fill`: computes `state`'s row (`automaton.row(state)`) and returns the rows'
+ * addresses as they are now (`automaton.row_pointers()`) with their number in `*num_rows`,
+ * or 0 with the error kept for `end_walk`. Called without the GIL, as ctypes calls the walk. */
+static int64_t walk_fill(int32_t state, int64_t *num_rows) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int64_t out = 0;
+    PyObject *s = PyLong_FromLong(state), *r = NULL, *rows = NULL;
+    if (s != NULL) r = PyObject_CallMethodOneArg(walk_automaton, s_row, s);
+    if (r != NULL) rows = PyObject_CallMethodNoArgs(walk_automaton, s_row_pointers);
+    Py_XDECREF(s);
+    Py_XDECREF(r);
+    Py_buffer buf;
+    if (rows != NULL && PyObject_GetBuffer(rows, &buf, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
+        if (buf.itemsize == 8 && buf.format != NULL && (buf.format[0] == 'q' || buf.format[0] == 'l')) {
+            *num_rows = buf.len / 8;
+            out = (int64_t)(intptr_t)buf.buf;
+            Py_XSETREF(walk_rows, Py_NewRef(rows)); /* the address stays valid while held */
+        } else {
+            PyErr_SetString(PyExc_TypeError, "row_pointers() must be a contiguous int64 array");
+        }
+        PyBuffer_Release(&buf);
+    }
+    Py_XDECREF(rows);
+    if (out == 0 && PyErr_Occurred()) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
+        if (walk_error == NULL && value != NULL) walk_error = Py_NewRef(value);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+    }
+    PyGILState_Release(gil);
+    return out;
+}
+
+/* begin_walk(automaton, rows) -> the address of `walk_fill`: the walk about to run on this
+ * thread reads `rows` (automaton.row_pointers()) and calls back for the rows it lacks. */
+static PyObject *begin_walk(PyObject *self, PyObject *args) {
+    PyObject *automaton, *rows;
+    if (!PyArg_ParseTuple(args, "OO", &automaton, &rows)) return NULL;
+    Py_XSETREF(walk_automaton, Py_NewRef(automaton));
+    Py_XSETREF(walk_rows, Py_NewRef(rows));
+    Py_CLEAR(walk_error);
+    return PyLong_FromVoidPtr((void *)walk_fill);
+}
+
+/* end_walk() -> the first error a callback of this thread's walk met, or None; lets go of the
+ * walk's automaton and rows. */
+static PyObject *end_walk(PyObject *self, PyObject *unused) {
+    Py_CLEAR(walk_automaton);
+    Py_CLEAR(walk_rows);
+    PyObject *error = walk_error;
+    walk_error = NULL;
+    return error != NULL ? error : Py_NewRef(Py_None);
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, "The IR classes, helpers and costs the rows use."},
+    {"begin_walk", begin_walk, METH_VARARGS, "Set up the row callback of a trie walk."},
+    {"end_walk", end_walk, METH_NOARGS, "End a trie walk: its callback's error or None."},
     {"closure", closure, METH_VARARGS, "LazyDFA.closure of a tuple of NFA states."},
     {"fill_row", fill_row, METH_VARARGS, "LazyDFA._compute_row into an int32[256] buffer."},
     {NULL, NULL, 0, NULL},
@@ -1340,12 +1408,14 @@ PyMODINIT_FUNC PyInit_dfa_rows(void) {
     const char *names[] = {"items", "ranges", "facts", "tail", "_parts", "charge", "_charge",
                            "new_state", "_counter", "_repeat_moves", "_dfa_moves", "add",
                            "check", "dead", "intern", "counted", "_body_ir", "live", "hi",
-                           "lo", "table", "start", "accepting", "moves", "shortest", "longest"};
+                           "lo", "table", "start", "accepting", "moves", "shortest", "longest",
+                           "row", "row_pointers"};
     PyObject **slots[] = {&s_items, &s_ranges, &s_facts, &s_tail, &s_parts,
                           &s_charge, &s_nfa_charge, &s_new_state, &s_counter, &s_repeat_moves,
                           &s_dfa_moves, &s_add, &s_check, &s_dead, &s_intern, &s_counted,
                           &s_body_ir, &s_live, &s_hi, &s_lo, &s_table, &s_start,
-                          &s_accepting, &s_moves, &s_shortest, &s_longest};
+                          &s_accepting, &s_moves, &s_shortest, &s_longest, &s_row,
+                          &s_row_pointers};
     for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++)
         if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
     if (!(empty = PyTuple_New(0)) || !(zero = PyLong_FromLong(0))) return NULL;

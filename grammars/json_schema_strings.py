@@ -67,8 +67,8 @@ FORMATS = {
 }
 
 
-def _escape_char(cp: int) -> str:
-    return json.dumps(chr(cp))[1:-1]
+# How JSON writes each character that must be escaped (control characters, quote, backslash).
+_ESCAPES = {cp: json.dumps(chr(cp))[1:-1] for lo, hi in _SPECIAL for cp in range(lo, hi + 1)}
 
 
 def _prefix_tree(texts: list[str]):
@@ -99,7 +99,7 @@ def json_chars(node: Chars):
     got = _JSON_CHARS.get(node.ranges)
     if got is None:
         plain = subtract(node.ranges, _SPECIAL)
-        escaped = [_escape_char(cp) for lo, hi in intersect(node.ranges, _SPECIAL)
+        escaped = [_ESCAPES[cp] for lo, hi in intersect(node.ranges, _SPECIAL)
                    for cp in range(lo, hi + 1)]  # fmt: skip
         got = Alt((Chars(plain), _escapes(tuple(escaped)))) if escaped else Chars(plain)
         if len(_JSON_CHARS) < 4096:
@@ -170,7 +170,7 @@ def spellings(value):
         if cp > 0xFFFF:
             hi, lo = 0xD800 + ((cp - 0x10000) >> 10), 0xDC00 + ((cp - 0x10000) & 0x3FF)
             options.append(seq(literal("\\u"), _hex_ir(hi), literal("\\u"), _hex_ir(lo)))
-        options.append(literal(_escape_char(cp) if cp < 0x20 or ch in '"\\' else ch))
+        options.append(literal(_ESCAPES.get(cp, ch)))
         if ch == "/":
             options.append(literal("\\/"))
         parts.append(alt(*options))

@@ -5,7 +5,8 @@ The numpy walk (`masks`) goes one trie depth at a time, a dozen array calls per 
 walk goes depth-first and skips a dead node's subtree in one step, so a mask costs about the
 nodes it reaches alive. The C walk reads the automaton's rows where they are kept (through
 `row_pointers()`, no copy); where a row is not computed yet it calls back into Python, which
-computes it and hands back the rows' addresses, and the walk goes on from the same node.
+computes it and hands back the rows' addresses, and the walk goes on from the same node (the
+callback is in C where `dfa_rows` is built, else a ctypes callback into `_fill`).
 `describe()` says which walk is in use.
 """
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from .automaton import ByteAutomaton
 from .native_build import load_native
+from .native_rows import dfa_rows
 from .tokenizer_index import TokenizerIndex
 
 SOURCE = Path(__file__).with_name("trie_walk.c")
@@ -114,6 +116,35 @@ def _fill(state: int, num_rows: ctypes._Pointer[ctypes.c_int64]) -> int:
     return walk.address
 
 
+@functools.cache
+def _c_fill(address: int) -> Callable[..., int]:
+    """The row callback `dfa_rows` has in C (at `address`), as the walk's `fill` argument."""
+    return _FILL(address)
+
+
+def _walk(
+    fn: Callable[..., int], args: tuple, automaton: ByteAutomaton, rows: np.ndarray
+) -> tuple[int, BaseException | None]:
+    """`fn(*args, fill)`, with the row callback in C where `dfa_rows` is built (the same
+    steps as `_fill` without ctypes' conversions and Python frames), else `_fill`; returns
+    what the walk returned and the first error a callback met."""
+    native = dfa_rows()
+    if native is not None:
+        fill = _c_fill(native.begin_walk(automaton, rows))
+        try:
+            failed = fn(*args, fill)
+        finally:
+            error = native.end_walk()
+        return failed, error
+    walk = _WALK
+    walk.automaton, walk.rows, walk.address, walk.error = automaton, rows, args[0], None
+    try:
+        return fn(*args, _fill), walk.error
+    finally:
+        del walk.automaton, walk.rows
+        walk.error = None
+
+
 def native_mask(
     fn: Callable[..., int], index: TokenizerIndex, automaton: ByteAutomaton, state: int
 ) -> np.ndarray:
@@ -123,23 +154,16 @@ def native_mask(
     trie = _trie(index)
     words = np.zeros(index.num_words + 1, dtype=np.uint32)  # the last: nodes without a token
     states = np.empty(trie.max_depth + 1, dtype=np.int32)
-    walk = _WALK
-    walk.automaton, walk.rows, walk.error = automaton, automaton.row_pointers(), None
-    walk.address = walk.rows.ctypes.data
-    try:
-        failed = fn(
-            walk.address,
-            walk.rows.shape[0],
-            ctypes.addressof(trie),
-            state,
-            states.ctypes.data,
-            words.ctypes.data,
-            _fill,
-        )
-        error = walk.error
-    finally:
-        del walk.automaton, walk.rows
-        walk.error = None
+    rows = automaton.row_pointers()
+    args = (
+        rows.ctypes.data,
+        rows.shape[0],
+        ctypes.addressof(trie),
+        state,
+        states.ctypes.data,
+        words.ctypes.data,
+    )
+    failed, error = _walk(fn, args, automaton, rows)
     if failed:
         raise error or RuntimeError(
             "the native trie walk met a row its automaton did not make (row_pointers() has no "

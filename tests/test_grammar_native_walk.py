@@ -10,6 +10,7 @@ from automaton_walk import allowed_tokens
 
 from radixflow.grammars import masks, native_build, native_rows, native_walk
 from radixflow.grammars.automaton import RegexAutomaton
+from radixflow.grammars.budget import GrammarBudgetExceeded, GrammarLimits
 from radixflow.grammars.masks import WalkTable, compute_mask
 from radixflow.grammars.regex_ir import parse_regex
 from radixflow.grammars.tokenizer_index import _build_index
@@ -22,6 +23,17 @@ def native():
         pytest.skip(
             "the native trie walk is not in use here (no C compiler, or RADIXFLOW_GRAMMAR_NATIVE=0)"
         )
+
+
+@pytest.fixture(params=["C callback", "Python callback"])
+def callback(request, monkeypatch, native):
+    """The walk's row callback: in C (`dfa_rows`, where it is built) or the ctypes one."""
+    if request.param == "C callback":
+        if native_rows.dfa_rows() is None:
+            pytest.skip("the C row callback needs the native lazy DFA rows, not built here")
+    else:
+        monkeypatch.setattr(native_walk, "dfa_rows", lambda: None)
+    return request.param
 
 
 @pytest.fixture
@@ -55,7 +67,7 @@ def test_environment_chooses_the_numpy_walk(fresh_walk, monkeypatch):
     assert not fresh_walk.exists()
 
 
-def test_tokens_with_the_same_bytes_and_rows_filled_during_the_walk(native):
+def test_tokens_with_the_same_bytes_and_rows_filled_during_the_walk(callback):
     """Vocabularies where several tokens spell the same bytes (byte-fallback pieces beside
     their characters), walked from fresh tables so rows are filled as the walk reaches them:
     the native walk, the numpy walk and the per-token reference allow the same tokens."""
@@ -85,7 +97,7 @@ def test_tokens_with_the_same_bytes_and_rows_filled_during_the_walk(native):
             assert (native == numpy).all(), (pattern, state)
 
 
-def test_an_automaton_that_does_not_publish_its_rows_fails_instead_of_hanging(native):
+def test_an_automaton_that_does_not_publish_its_rows_fails_instead_of_hanging(callback):
     """A row the callback computes but `row_pointers()` never shows stops the walk with an
     error (the walk would otherwise ask for it forever)."""
 
@@ -102,6 +114,20 @@ def test_an_automaton_that_does_not_publish_its_rows_fails_instead_of_hanging(na
         native_walk.native_mask(native_walk.trie_walk(), index, Hidden(automaton), 0)
 
 
+def test_an_error_in_a_row_callback_fails_that_mask_only(callback):
+    """A budget passed while the walk computes a row reaches the caller; the next walk, on
+    another automaton, is not touched by it."""
+    index = _build_index([None, b"a", b"ab", b"b", b"ba", b"abab"], (0,))
+    small = RegexAutomaton(parse_regex("(ab|ba){0,20}"))
+    small.budget.bind(GrammarLimits(max_states=2))
+    with pytest.raises(GrammarBudgetExceeded, match="max_states"):
+        compute_mask(index, WalkTable(small), small.initial)
+    fine = RegexAutomaton(parse_regex("(ab|ba){0,20}"))
+    words = compute_mask(index, WalkTable(fine), fine.initial)
+    allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[:6]
+    assert allowed.tolist() == [1, 1, 1, 1, 1, 1]  # EOS too: the empty text matches
+
+
 def test_an_index_dropped_drops_its_native_view(native):
     index = _build_index([None, b"x", b"xy"], (0,))
     automaton = RegexAutomaton(parse_regex("xy"))
@@ -112,7 +138,7 @@ def test_an_index_dropped_drops_its_native_view(native):
     assert key not in native_walk._TRIES
 
 
-def test_threads_walking_grammars_of_one_index_at_once(native):
+def test_threads_walking_grammars_of_one_index_at_once(callback):
     """The C walk runs without the GIL: threads filling masks of several grammars over one
     tokenizer index at once (each grammar's rows built as they go) get the masks one thread
     gets alone."""
