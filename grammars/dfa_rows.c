@@ -26,7 +26,7 @@
 static PyObject *chars_type, *seq_type, *alt_type, *repeat_type, *dfa_type, *sequences_fn;
 static long max_nfa_states, state_bytes, edge_bytes, entry_bytes;
 static long tuple_base, tuple_item; /* sys.getsizeof of a tuple: base + item * length */
-static PyObject *empty, *zero, *s_items, *s_ranges, *s_facts, *s_tail, *s_parts, *s_charge, *s_nfa_charge,
+static PyObject *empty, *zero, *s_items, *s_ranges, *s_facts, *s_tail, *s_parts, *s_charge, *s_nbytes,
     *s_new_state, *s_counter, *s_repeat_moves, *s_dfa_moves, *s_add, *s_check, *s_dead, *s_intern, *s_counted, *s_body_ir, *s_live, *s_hi, *s_lo, *s_table,
     *s_start, *s_accepting, *s_moves, *s_shortest, *s_longest, *s_row, *s_row_pointers;
 
@@ -218,7 +218,7 @@ typedef struct {
     PyObject *eps, *edges, *todo, *runs, *run_todo, *ids, *shared, *lifts, *lifted, *order, *tags;
     PyObject *ends, *bodies, *body_irs, *counted; /* `counted`: the NFA's facts' memo */
     long steps;       /* closure steps in this call, for the clock checks */
-    long nfa_bytes;   /* NFA states, moves, edges: `nfa._charge` */
+    long nfa_bytes;   /* NFA states, moves, edges: counted on the NFA and its budget */
     long table_bytes; /* target sets: `budget.charge` */
 } Ctx;
 
@@ -246,27 +246,47 @@ static int ctx_load(Ctx *c, PyObject *nfa) {
     return 0;
 }
 
-/* Charge what was built (the NFA's bytes through `nfa._charge`, the target sets' to the
- * budget); 0, or -1 with the budget's error. */
-static int ctx_flush(Ctx *c, PyObject *budget) {
-    if (c->nfa_bytes) {
-        PyObject *r = call_long(c->nfa, s_nfa_charge, c->nfa_bytes);
-        c->nfa_bytes = 0;
-        if (r == NULL) return -1;
-        Py_DECREF(r);
-    }
-    if (c->table_bytes) {
-        PyObject *r = call_long(budget, s_charge, c->table_bytes);
-        c->table_bytes = 0;
-        if (r == NULL) return -1;
-        Py_DECREF(r);
-    }
-    return 0;
+/* obj.nbytes += n; 0, or -1 on error */
+static int add_bytes(PyObject *obj, long n) {
+    PyObject *had = PyObject_GetAttr(obj, s_nbytes), *x = PyLong_FromLong(n), *now = NULL;
+    int r = had == NULL || x == NULL || (now = PyNumber_Add(had, x)) == NULL
+                ? -1
+                : PyObject_SetAttr(obj, s_nbytes, now);
+    Py_XDECREF(had);
+    Py_XDECREF(x);
+    Py_XDECREF(now);
+    return r;
 }
 
-/* Ends a call: what was built is charged, unless the call failed (its error stands). */
+/* Count what was built (the NFA's bytes on the NFA and its budget, the target sets' on the
+ * budget), since it is kept whatever happens next: 0, or -1 on error. */
+static int ctx_count(Ctx *c, PyObject *budget) {
+    long nfa_bytes = c->nfa_bytes, all = c->nfa_bytes + c->table_bytes;
+    c->nfa_bytes = c->table_bytes = 0;
+    if (nfa_bytes && add_bytes(c->nfa, nfa_bytes) < 0) return -1;
+    return all ? add_bytes(budget, all) : 0;
+}
+
+/* Count what was built, then raise the budget's error if that passed its bytes (the Python
+ * code charges before it builds; C builds a call's states, then charges them). */
+static int ctx_flush(Ctx *c, PyObject *budget) {
+    if (c->nfa_bytes == 0 && c->table_bytes == 0) return 0;
+    if (ctx_count(c, budget) < 0) return -1;
+    PyObject *r = call_long(budget, s_charge, 0);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* Ends a call: what was built is counted and charged; a failed call's error stands. */
 static PyObject *ctx_done(Ctx *c, PyObject *budget, PyObject *out) {
-    if (out != NULL && ctx_flush(c, budget) < 0) Py_CLEAR(out);
+    if (out != NULL) {
+        if (ctx_flush(c, budget) < 0) Py_CLEAR(out);
+    } else {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (ctx_count(c, budget) < 0) PyErr_Clear();
+        PyErr_Restore(type, value, tb);
+    }
     Py_XDECREF(c->parts);
     return out;
 }
@@ -1405,13 +1425,13 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dfa_rows", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit_dfa_rows(void) {
-    const char *names[] = {"items", "ranges", "facts", "tail", "_parts", "charge", "_charge",
+    const char *names[] = {"items", "ranges", "facts", "tail", "_parts", "charge", "nbytes",
                            "new_state", "_counter", "_repeat_moves", "_dfa_moves", "add",
                            "check", "dead", "intern", "counted", "_body_ir", "live", "hi",
                            "lo", "table", "start", "accepting", "moves", "shortest", "longest",
                            "row", "row_pointers"};
     PyObject **slots[] = {&s_items, &s_ranges, &s_facts, &s_tail, &s_parts,
-                          &s_charge, &s_nfa_charge, &s_new_state, &s_counter, &s_repeat_moves,
+                          &s_charge, &s_nbytes, &s_new_state, &s_counter, &s_repeat_moves,
                           &s_dfa_moves, &s_add, &s_check, &s_dead, &s_intern, &s_counted,
                           &s_body_ir, &s_live, &s_hi, &s_lo, &s_table, &s_start,
                           &s_accepting, &s_moves, &s_shortest, &s_longest, &s_row,

@@ -117,6 +117,20 @@ def test_a_budget_raised_inside_comes_through(native, monkeypatch):
     assert np.array_equal(with_c.row(with_c.initial), twin.row(twin.initial))
 
 
+def test_the_bytes_a_row_builds_count_against_the_budget(native, monkeypatch):
+    """C charges a call's bytes when it ends (and at its clock checks): a grammar that grows
+    past `max_mb` fails as the Python code does, with what was built counted."""
+    with_c, twin = both(lambda: schema_automaton(SCHEMAS[0]), monkeypatch)
+    caps = []
+    for automaton in (with_c, twin):
+        automaton.budget.bind(GrammarLimits(max_mb=0.05))
+        caps.append(automaton.budget.nbytes + 0.05 * 2**20)
+        with pytest.raises(GrammarBudgetExceeded, match="max_mb"):
+            explored(automaton, limit=10_000)
+    assert with_c.budget.nbytes > caps[0]  # C built the failing call's states: counted
+    assert twin.budget.nbytes <= caps[1]  # the Python code charges before it builds
+
+
 @pytest.mark.parametrize("cc", ["false", "/nonexistent/cc"])
 def test_failed_build_falls_back_to_the_python_code(fresh_rows, monkeypatch, cc):
     monkeypatch.setenv("CC", cc)
