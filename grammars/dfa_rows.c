@@ -28,7 +28,7 @@ static long max_nfa_states, state_bytes, edge_bytes, entry_bytes;
 static long tuple_base, tuple_item; /* sys.getsizeof of a tuple: base + item * length */
 static PyObject *empty, *zero, *s_items, *s_ranges, *s_facts, *s_tail, *s_parts, *s_charge, *s_nbytes,
     *s_new_state, *s_counter, *s_repeat_moves, *s_dfa_moves, *s_add, *s_check, *s_dead, *s_intern, *s_counted, *s_body_ir, *s_live, *s_hi, *s_lo, *s_table,
-    *s_start, *s_accepting, *s_moves, *s_shortest, *s_longest, *s_row, *s_row_pointers;
+    *s_start, *s_accepting, *s_moves, *s_shortest, *s_longest, *s_row, *s_row_pointers, *s_limits, *s_max_states, *s_max_state_size, *s_pointers;
 
 typedef struct {
     long lo, hi, t;
@@ -582,7 +582,7 @@ static int is_dead(Ctx *c, PyObject *node) {
     } else {
         Py_DECREF(facts);
     }
-    PyObject *known = PyObject_GetAttrString(c->nfa, "facts");
+    PyObject *known = PyObject_GetAttr(c->nfa, s_facts);
     PyObject *args[] = {known, node}, *r = known == NULL ? NULL : call(s_dead, args, 2);
     Py_XDECREF(known);
     if (r == NULL) return -1;
@@ -1149,11 +1149,11 @@ static int table_load(Table *d, PyObject *dfa) {
                               &d->ids, &PyList_Type, &d->sets, &PyList_Type, &d->rows,
                               &d->states, &d->budget);
     Py_DECREF(parts); /* the DFA holds its parts */
-    if (!ok || (limits = PyObject_GetAttrString(d->budget, "limits")) == NULL) return -1;
+    if (!ok || (limits = PyObject_GetAttr(d->budget, s_limits)) == NULL) return -1;
     d->max_states = d->max_state_size = LONG_MAX;
     if (limits != Py_None) {
-        PyObject *a = PyObject_GetAttrString(limits, "max_states");
-        PyObject *b = a == NULL ? NULL : PyObject_GetAttrString(limits, "max_state_size");
+        PyObject *a = PyObject_GetAttr(limits, s_max_states);
+        PyObject *b = a == NULL ? NULL : PyObject_GetAttr(limits, s_max_state_size);
         if (b != NULL) {
             d->max_states = PyLong_AsLong(a);
             d->max_state_size = PyLong_AsLong(b);
@@ -1172,7 +1172,7 @@ static long c_intern(Ctx *c, Table *d, PyObject *key) {
     long got = get_state(d->ids, key, &found);
     if (found || got == ERR) return got;
     Py_ssize_t n = PyList_GET_SIZE(d->sets);
-    PyObject *pointers = PyObject_GetAttrString(d->states, "pointers");
+    PyObject *pointers = PyObject_GetAttr(d->states, s_pointers);
     Py_ssize_t room = pointers == NULL ? -1 : PyObject_Length(pointers);
     Py_XDECREF(pointers);
     if (room < 0) return ERR;
@@ -1429,13 +1429,15 @@ PyMODINIT_FUNC PyInit_dfa_rows(void) {
                            "new_state", "_counter", "_repeat_moves", "_dfa_moves", "add",
                            "check", "dead", "intern", "counted", "_body_ir", "live", "hi",
                            "lo", "table", "start", "accepting", "moves", "shortest", "longest",
-                           "row", "row_pointers"};
+                           "row", "row_pointers", "limits", "max_states", "max_state_size",
+                           "pointers"};
     PyObject **slots[] = {&s_items, &s_ranges, &s_facts, &s_tail, &s_parts,
                           &s_charge, &s_nbytes, &s_new_state, &s_counter, &s_repeat_moves,
                           &s_dfa_moves, &s_add, &s_check, &s_dead, &s_intern, &s_counted,
                           &s_body_ir, &s_live, &s_hi, &s_lo, &s_table, &s_start,
                           &s_accepting, &s_moves, &s_shortest, &s_longest, &s_row,
-                          &s_row_pointers};
+                          &s_row_pointers, &s_limits, &s_max_states, &s_max_state_size,
+                          &s_pointers};
     for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++)
         if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
     if (!(empty = PyTuple_New(0)) || !(zero = PyLong_FromLong(0))) return NULL;
