@@ -315,24 +315,31 @@ static long c_new_state(Ctx *c, PyObject *moves, PyObject *edges) {
     return n;
 }
 
-/* `NFA._state`: the state that waits to make `node`'s moves at `arg` */
-static long c_state(Ctx *c, PyObject *node, PyObject *arg, long nxt) {
+/* The state of `node` at `arg` then `nxt`, found in `known` by (id(node), arg, nxt), else new
+ * with lists `moves` and `edges` (None: made later from its `todo` entry (node, arg, nxt)). */
+static long c_waiting(Ctx *c, PyObject *node, PyObject *arg, long nxt, PyObject *known,
+                      PyObject *todo, PyObject *moves, PyObject *edges) {
     PyObject *key = node_key(node, arg, nxt);
     if (key == NULL) return ERR;
     int found;
-    long got = get_state(c->ids, key, &found);
+    long got = get_state(known, key, &found);
     if (!found && got != ERR) {
-        got = c_new_state(c, Py_None, empty);
-        if (got != ERR && set_state(c->ids, key, got) < 0) got = ERR;
+        got = c_new_state(c, moves, edges);
+        if (got != ERR && set_state(known, key, got) < 0) got = ERR;
         if (got != ERR) {
-            PyObject *todo = triple(node, arg, nxt), *k = PyLong_FromLong(got);
-            if (todo == NULL || k == NULL || PyDict_SetItem(c->todo, k, todo) < 0) got = ERR;
-            Py_XDECREF(todo);
+            PyObject *entry = triple(node, arg, nxt), *k = PyLong_FromLong(got);
+            if (entry == NULL || k == NULL || PyDict_SetItem(todo, k, entry) < 0) got = ERR;
+            Py_XDECREF(entry);
             Py_XDECREF(k);
         }
     }
     Py_DECREF(key);
     return got;
+}
+
+/* `NFA._state`: the state that waits to make `node`'s moves at `arg` */
+static long c_state(Ctx *c, PyObject *node, PyObject *arg, long nxt) {
+    return c_waiting(c, node, arg, nxt, c->ids, c->todo, Py_None, empty);
 }
 
 static PyObject *sequences_of(PyObject *ranges) {
@@ -429,28 +436,11 @@ static PyObject *items_of(PyObject *node) {
 static long c_rest(Ctx *c, PyObject *node, PyObject *items, Py_ssize_t i, long nxt) {
     Py_ssize_t n = PyTuple_GET_SIZE(items);
     int here = i < n && is_chars(PyTuple_GET_ITEM(items, i));
-    PyObject *key = NULL, *arg = NULL;
+    PyObject *arg = NULL;
     long got;
     if (here && i + 1 < n && is_chars(PyTuple_GET_ITEM(items, i + 1))) { /* a literal run */
         if ((arg = PyLong_FromSsize_t(i)) == NULL) return ERR;
-        key = node_key(node, arg, nxt);
-        if (key == NULL) {
-            Py_DECREF(arg);
-            return ERR;
-        }
-        int found;
-        got = get_state(c->runs, key, &found);
-        if (!found && got != ERR) {
-            got = c_new_state(c, empty, Py_None);
-            if (got != ERR && set_state(c->runs, key, got) < 0) got = ERR;
-            if (got != ERR) {
-                PyObject *run = triple(node, arg, nxt), *k = PyLong_FromLong(got);
-                if (run == NULL || k == NULL || PyDict_SetItem(c->run_todo, k, run) < 0) got = ERR;
-                Py_XDECREF(run);
-                Py_XDECREF(k);
-            }
-        }
-        Py_DECREF(key);
+        got = c_waiting(c, node, arg, nxt, c->runs, c->run_todo, empty, Py_None);
         Py_DECREF(arg);
         return got;
     }
@@ -944,39 +934,27 @@ done:
     return live;
 }
 
-/* `NFA.moves`: a new reference to the epsilon moves of `s`, made now if they were not yet */
-static PyObject *c_moves(Ctx *c, long s) {
-    PyObject *eps = item(c->eps, s);
-    if (eps == NULL) return NULL;
-    if (eps != Py_None) return Py_NewRef(eps);
+/* `NFA.moves` (`moves` 1) or `NFA.edges` (0): a new reference to the epsilon moves or the
+ * byte edges of `s`, made now if they were not yet */
+static PyObject *c_made(Ctx *c, long s, int moves) {
+    PyObject *list = item(moves ? c->eps : c->edges, s);
+    if (list == NULL) return NULL;
+    if (list != Py_None) return Py_NewRef(list);
     PyObject *key = PyLong_FromLong(s);
     if (key == NULL) return NULL;
-    PyObject *todo = NULL;
-    int popped = dict_pop(c->todo, key, &todo);
+    PyObject *todo = NULL; /* a node's (node, arg, nxt), a literal run's (node, i, nxt) */
+    int popped = dict_pop(moves ? c->todo : c->run_todo, key, &todo);
     Py_DECREF(key);
     if (popped < 0) return NULL;
-    if (!popped) return c_unwrap(c, s, 1);
-    PyObject *out = c_node_moves(c, s, todo);
+    if (!popped) return c_unwrap(c, s, moves);
+    PyObject *out = moves ? c_node_moves(c, s, todo) : c_run_edges(c, s, todo);
     Py_DECREF(todo);
     return out;
 }
 
-/* `NFA.edges`: a new reference to the byte edges of `s`, made now if they were not yet */
-static PyObject *c_edges(Ctx *c, long s) {
-    PyObject *edges = item(c->edges, s);
-    if (edges == NULL) return NULL;
-    if (edges != Py_None) return Py_NewRef(edges);
-    PyObject *key = PyLong_FromLong(s);
-    if (key == NULL) return NULL;
-    PyObject *run = NULL;
-    int popped = dict_pop(c->run_todo, key, &run);
-    Py_DECREF(key);
-    if (popped < 0) return NULL;
-    if (!popped) return c_unwrap(c, s, 0);
-    PyObject *out = c_run_edges(c, s, run);
-    Py_DECREF(run);
-    return out;
-}
+static PyObject *c_moves(Ctx *c, long s) { return c_made(c, s, 1); }
+
+static PyObject *c_edges(Ctx *c, long s) { return c_made(c, s, 0); }
 
 /* ---- the lazy DFA (`LazyDFA` methods of the same names) ---- */
 
