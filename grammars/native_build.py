@@ -1,7 +1,7 @@
 """Grammar code in C, built on first use with the system C compiler: the trie walk
-(`native_walk`, a plain library loaded through ctypes) and the lazy DFA's closures and rows
-(`native_rows`, a Python extension module). Each has its Python twin, which runs where the C
-is not built.
+(`native_walk`, a plain library loaded through ctypes) and the lazy DFA's rows with the NFA
+states they make and the walk's row callback (`native_rows`, a Python extension module). Each
+has its Python twin, which runs where the C is not built.
 
 A source is compiled once per machine (`$CC`, else `cc`, `gcc` or `clang`; `-O2`, no
 CPU-specific flags) into `$RADIXFLOW_CACHE_DIR/grammar_native` (default
