@@ -4,13 +4,14 @@
  * same results in the same order as the Python code they stand for (`native_rows` loads this
  * module; the Python code is its twin).
  *
- * What needs the IR's deeper facts stays in Python and is called back: a repeat's or an
- * explicit DFA's moves and states (`nfa._repeat_moves`, `nfa._dfa_moves`, `nfa._counter`,
- * `nfa.add` of a Dfa), a node's facts when it carries none (`nfa.facts.dead`). So does every
- * error: a state limit, a budget or the pointer array's growth is left to the Python method
- * that owns it, called when C finds it would be reached. The bytes a call builds are charged
- * at its end and at each clock check (every CHECK_EVERY closure steps), not per state. Any
- * Python exception is passed on.
+ * What needs the IR's deeper facts stays in Python and is called back: a node's facts when it
+ * carries none (`nfa.facts.dead`, `nfa.facts.counted`), a Dfa's spelled character class
+ * (`nfa._body_ir`), a narrow length window (`DfaTable.live`), a node of no kind C knows
+ * (`nfa.add`). So does every error: a state limit, a budget or the pointer array's growth is
+ * left to the Python method that owns it, called when C finds it would be reached. The bytes a
+ * call builds are counted and charged at its end and at each clock check (every CHECK_EVERY
+ * closure steps), not per state. Any Python exception is passed on. The trie walk's row
+ * callback (`walk_fill`, see `native_walk`) is here too.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -26,9 +27,11 @@
 static PyObject *chars_type, *seq_type, *alt_type, *repeat_type, *dfa_type, *sequences_fn;
 static long max_nfa_states, state_bytes, edge_bytes, entry_bytes;
 static long tuple_base, tuple_item; /* sys.getsizeof of a tuple: base + item * length */
-static PyObject *empty, *zero, *s_items, *s_ranges, *s_facts, *s_tail, *s_parts, *s_charge, *s_nbytes,
-    *s_new_state, *s_counter, *s_repeat_moves, *s_dfa_moves, *s_add, *s_check, *s_dead, *s_intern, *s_counted, *s_body_ir, *s_live, *s_hi, *s_lo, *s_table,
-    *s_start, *s_accepting, *s_moves, *s_shortest, *s_longest, *s_row, *s_row_pointers, *s_limits, *s_max_states, *s_max_state_size, *s_pointers;
+static PyObject *empty, *zero; /* () and 0 */
+static PyObject *s_items, *s_ranges, *s_facts, *s_tail, *s_parts, *s_charge, *s_nbytes,
+    *s_new_state, *s_add, *s_check, *s_dead, *s_intern, *s_counted, *s_body_ir, *s_live, *s_hi,
+    *s_lo, *s_table, *s_start, *s_accepting, *s_moves, *s_shortest, *s_longest, *s_row,
+    *s_row_pointers, *s_limits, *s_max_states, *s_max_state_size, *s_pointers;
 
 typedef struct {
     long lo, hi, t;
@@ -843,12 +846,13 @@ done:
     return ok;
 }
 
-/* nfa.name(node, arg, nxt) (`arg` NULL: nfa.name(node, nxt)) as a state */
-static long call_state(Ctx *c, PyObject *name, PyObject *node, PyObject *arg, long nxt) {
+/* nfa.add(node, nxt) by the Python method: a node of no kind C makes (it raises, as for a
+ * rule reference inside a regular expression) */
+static long python_add(Ctx *c, PyObject *node, long nxt) {
     PyObject *x = PyLong_FromLong(nxt);
     if (x == NULL) return ERR;
-    PyObject *args[] = {c->nfa, node, arg ? arg : x, x};
-    long s = state_from(call(name, args, arg ? 4 : 3));
+    PyObject *args[] = {c->nfa, node, x};
+    long s = state_from(call(s_add, args, 3));
     Py_DECREF(x);
     return s;
 }
@@ -888,7 +892,7 @@ static long c_add(Ctx *c, PyObject *node, long nxt) {
     }
     if (PyObject_TypeCheck(node, (PyTypeObject *)repeat_type)) return c_counter(c, node, zero, nxt);
     if (PyObject_TypeCheck(node, (PyTypeObject *)alt_type)) return c_state(c, node, zero, nxt);
-    if (!PyObject_TypeCheck(node, (PyTypeObject *)dfa_type)) return call_state(c, s_add, node, NULL, nxt);
+    if (!PyObject_TypeCheck(node, (PyTypeObject *)dfa_type)) return python_add(c, node, nxt);
     PyObject *start = PyObject_GetAttr(node, s_start);
     PyObject *arg = start == NULL ? NULL : PyTuple_Pack(2, start, zero);
     Py_XDECREF(start);
@@ -1404,14 +1408,13 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dfa_rows", NULL, -1,
 
 PyMODINIT_FUNC PyInit_dfa_rows(void) {
     const char *names[] = {"items", "ranges", "facts", "tail", "_parts", "charge", "nbytes",
-                           "new_state", "_counter", "_repeat_moves", "_dfa_moves", "add",
+                           "new_state", "add",
                            "check", "dead", "intern", "counted", "_body_ir", "live", "hi",
                            "lo", "table", "start", "accepting", "moves", "shortest", "longest",
                            "row", "row_pointers", "limits", "max_states", "max_state_size",
                            "pointers"};
     PyObject **slots[] = {&s_items, &s_ranges, &s_facts, &s_tail, &s_parts,
-                          &s_charge, &s_nbytes, &s_new_state, &s_counter, &s_repeat_moves,
-                          &s_dfa_moves, &s_add, &s_check, &s_dead, &s_intern, &s_counted,
+                          &s_charge, &s_nbytes, &s_new_state, &s_add, &s_check, &s_dead, &s_intern, &s_counted,
                           &s_body_ir, &s_live, &s_hi, &s_lo, &s_table, &s_start,
                           &s_accepting, &s_moves, &s_shortest, &s_longest, &s_row,
                           &s_row_pointers, &s_limits, &s_max_states, &s_max_state_size,

@@ -3,11 +3,12 @@
 
 A new row is the byte sweep of its NFA states' edges, the closure of each new target set and
 the NFA states those make on the way (literal runs, character and lifted states, a sequence's
-or an alternation's moves); the C module does all of it on the same lists and dicts and
-calls the same Python methods for the rest (a repeat's or an explicit DFA's moves, limits
-and errors), so the automaton (its NFA and DFA states, their numbers, every row) is the same
-either way. Building it needs the interpreter's C headers (`sysconfig`'s include path);
-without them the twin runs.
+or an alternation's moves, a repeat's or an explicit DFA's counters); the C module does all of
+it on the same lists and dicts and calls the same Python methods for the rest (IR facts a node
+does not carry, a Dfa's spelled character class, limits and errors), so the automaton (its
+NFA and DFA states, their numbers, every row) is the same either way. It also holds the trie
+walk's row callback (`begin_walk`, `end_walk`). Building it needs the interpreter's C headers
+(`sysconfig`'s include path); without them the twin runs.
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ DICT_ENTRY_BYTES = 100  # a dict or set slot, its hash and key tuple, roughly
 ROW_BYTES = np.empty(256, dtype=np.int32).nbytes + sys.getsizeof(np.empty(0)) + 8
 POINTER_BYTES = 8
 _BLOCK_ROWS = 64  # rows per block, once the first blocks (4, 8, ...) are used up
-_ROW_STRIDE = 256 * 4
 
 
 class StateRows:
@@ -77,5 +76,5 @@ class StateRows:
             fill(state, got)
             self._rows[state] = got
             self.budget.charge(ROW_BYTES)
-            self.pointers[state] = self._address + k * _ROW_STRIDE
+            self.pointers[state] = self._address + k * self._block.strides[0]
         return got
