@@ -115,12 +115,28 @@ static int cmp_edge(const void *a, const void *b) {
     return (x->t > y->t) - (x->t < y->t);
 }
 
-/* A tuple of ints from longs. */
-static PyObject *tuple_of(const long *v, Py_ssize_t n) {
+/* The int object of state `s`, a new reference: one per state number, kept in `ints` (the
+ * NFA's or the DFA's `_ints`), so that the tuples and keys naming a state share one object
+ * instead of each holding an int of its own (fewer objects to make, and to free with the
+ * grammar). A negative `s` (-1: no state) is a new int. */
+static PyObject *state_int(PyObject *ints, long s) {
+    Py_ssize_t n = PyList_GET_SIZE(ints);
+    if (s < 0 || s > n + 4096) return PyLong_FromLong(s); /* states are numbered in order */
+    for (; n <= s; n++) {
+        PyObject *x = PyLong_FromSsize_t(n);
+        int r = x == NULL ? -1 : PyList_Append(ints, x);
+        Py_XDECREF(x);
+        if (r < 0) return NULL;
+    }
+    return Py_NewRef(PyList_GET_ITEM(ints, s));
+}
+
+/* A tuple of ints from longs: states' shared ints from `ints`, or new ints (`ints` NULL). */
+static PyObject *tuple_of(PyObject *ints, const long *v, Py_ssize_t n) {
     PyObject *out = PyTuple_New(n);
     if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *x = PyLong_FromLong(v[i]);
+        PyObject *x = ints == NULL ? PyLong_FromLong(v[i]) : state_int(ints, v[i]);
         if (x == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -130,9 +146,9 @@ static PyObject *tuple_of(const long *v, Py_ssize_t n) {
     return out;
 }
 
-/* (a, b, n): a new tuple */
-static PyObject *triple(PyObject *a, PyObject *b, long n) {
-    PyObject *x = PyLong_FromLong(n), *t = x == NULL ? NULL : PyTuple_New(3);
+/* (a, b, state n): a new tuple */
+static PyObject *triple(PyObject *ints, PyObject *a, PyObject *b, long n) {
+    PyObject *x = state_int(ints, n), *t = x == NULL ? NULL : PyTuple_New(3);
     if (t == NULL) {
         Py_XDECREF(x);
         return NULL;
@@ -143,10 +159,10 @@ static PyObject *triple(PyObject *a, PyObject *b, long n) {
     return t;
 }
 
-/* (id(node), b, n): the key `NFA` gives a node's state; a new tuple */
-static PyObject *node_key(PyObject *node, PyObject *b, long n) {
+/* (id(node), b, state n): the key `NFA` gives a node's state; a new tuple */
+static PyObject *node_key(PyObject *ints, PyObject *node, PyObject *b, long n) {
     PyObject *id = PyLong_FromVoidPtr(node);
-    PyObject *t = id == NULL ? NULL : triple(id, b, n);
+    PyObject *t = id == NULL ? NULL : triple(ints, id, b, n);
     Py_XDECREF(id);
     return t;
 }
@@ -175,9 +191,9 @@ static PyObject *item(PyObject *list, long i) {
     return PyList_GET_ITEM(list, i);
 }
 
-/* dict[int] -> borrowed value or NULL (no error set when absent) */
-static PyObject *get_int_key(PyObject *dict, long key) {
-    PyObject *k = PyLong_FromLong(key);
+/* dict[state] -> borrowed value or NULL (no error set when absent) */
+static PyObject *get_int_key(PyObject *ints, PyObject *dict, long key) {
+    PyObject *k = state_int(ints, key);
     if (k == NULL) return NULL;
     PyObject *got = PyDict_GetItemWithError(dict, k);
     Py_DECREF(k);
@@ -207,11 +223,19 @@ static int dict_pop(PyObject *dict, PyObject *key, PyObject **out) {
 }
 
 /* dict[key] = state; 0, or -1 on error */
-static int set_state(PyObject *dict, PyObject *key, long state) {
-    PyObject *v = PyLong_FromLong(state);
+static int set_state(PyObject *ints, PyObject *dict, PyObject *key, long state) {
+    PyObject *v = state_int(ints, state);
     int r = v == NULL ? -1 : PyDict_SetItem(dict, key, v);
     Py_XDECREF(v);
     return r;
+}
+
+/* Take `list` out of the cyclic collector's sight. For the lists that hold only ints, tuples of
+ * ints, None and numpy rows (an NFA's moves and edges, a DFA's states and rows, the shared
+ * ints), which can be in no reference cycle: a cached grammar's lists hold hundreds of
+ * thousands of items, and each full collection would walk them all. */
+static void untrack(PyObject *list) {
+    if (PyObject_GC_IsTracked(list)) PyObject_GC_UnTrack(list);
 }
 
 /* What one call reads and writes: the NFA's containers (`NFA._parts`, borrowed from the
@@ -220,6 +244,7 @@ typedef struct {
     PyObject *nfa, *parts;
     PyObject *eps, *edges, *todo, *runs, *run_todo, *ids, *shared, *lifts, *lifted, *order, *tags;
     PyObject *ends, *bodies, *body_irs, *counted; /* `counted`: the NFA's facts' memo */
+    PyObject *ints; /* the NFA states' shared ints (`state_int`) */
     long steps;       /* closure steps in this call, for the clock checks */
     long nfa_bytes;   /* NFA states, moves, edges: counted on the NFA and its budget */
     long table_bytes; /* target sets: `budget.charge` */
@@ -230,22 +255,26 @@ static int ctx_load(Ctx *c, PyObject *nfa) {
     c->nfa = nfa;
     c->parts = PyObject_GetAttr(nfa, s_parts);
     if (c->parts == NULL) return -1;
-    if (!PyTuple_Check(c->parts) || PyTuple_GET_SIZE(c->parts) != 15) {
+    if (!PyTuple_Check(c->parts) || PyTuple_GET_SIZE(c->parts) != 16) {
         PyErr_SetString(PyExc_TypeError, "dfa_rows: unexpected NFA layout");
         Py_CLEAR(c->parts);
         return -1;
     }
     PyObject **p[] = {&c->eps,    &c->edges,  &c->todo,   &c->runs,  &c->run_todo,
                       &c->ids,    &c->shared, &c->lifts,  &c->lifted, &c->order,
-                      &c->tags,   &c->ends,   &c->bodies, &c->body_irs, &c->counted};
-    for (int i = 0; i < 15; i++) {
+                      &c->tags,   &c->ends,   &c->bodies, &c->body_irs, &c->counted,
+                      &c->ints};
+    for (int i = 0; i < 16; i++) {
         *p[i] = PyTuple_GET_ITEM(c->parts, i);
-        if (i < 2 ? !PyList_Check(*p[i]) : !PyDict_Check(*p[i])) {
+        if (i < 2 || i == 15 ? !PyList_Check(*p[i]) : !PyDict_Check(*p[i])) {
             PyErr_SetString(PyExc_TypeError, "dfa_rows: unexpected NFA layout");
             Py_CLEAR(c->parts);
             return -1;
         }
     }
+    untrack(c->eps);
+    untrack(c->edges);
+    untrack(c->ints);
     return 0;
 }
 
@@ -322,15 +351,15 @@ static long c_new_state(Ctx *c, PyObject *moves, PyObject *edges) {
  * with lists `moves` and `edges` (None: made later from its `todo` entry (node, arg, nxt)). */
 static long c_waiting(Ctx *c, PyObject *node, PyObject *arg, long nxt, PyObject *known,
                       PyObject *todo, PyObject *moves, PyObject *edges) {
-    PyObject *key = node_key(node, arg, nxt);
+    PyObject *key = node_key(c->ints, node, arg, nxt);
     if (key == NULL) return ERR;
     int found;
     long got = get_state(known, key, &found);
     if (!found && got != ERR) {
         got = c_new_state(c, moves, edges);
-        if (got != ERR && set_state(known, key, got) < 0) got = ERR;
+        if (got != ERR && set_state(c->ints, known, key, got) < 0) got = ERR;
         if (got != ERR) {
-            PyObject *entry = triple(node, arg, nxt), *k = PyLong_FromLong(got);
+            PyObject *entry = triple(c->ints, node, arg, nxt), *k = state_int(c->ints, got);
             if (entry == NULL || k == NULL || PyDict_SetItem(todo, k, entry) < 0) got = ERR;
             Py_XDECREF(entry);
             Py_XDECREF(k);
@@ -353,7 +382,7 @@ static PyObject *sequences_of(PyObject *ranges) {
 static long c_tail(Ctx *c, PyObject *seq, Py_ssize_t from, long nxt) {
     PyObject *rest = PyTuple_GetSlice(seq, from, PyTuple_GET_SIZE(seq));
     if (rest == NULL) return ERR;
-    PyObject *key = triple(s_tail, rest, nxt);
+    PyObject *key = triple(c->ints, s_tail, rest, nxt);
     Py_DECREF(rest);
     if (key == NULL) return ERR;
     int found;
@@ -363,12 +392,12 @@ static long c_tail(Ctx *c, PyObject *seq, Py_ssize_t from, long nxt) {
         PyObject *first = PyTuple_GET_ITEM(seq, from), *edges = NULL;
         PyObject *edge = NULL;
         if (target != ERR)
-            edge = triple(PyTuple_GET_ITEM(first, 0), PyTuple_GET_ITEM(first, 1), target);
+            edge = triple(c->ints, PyTuple_GET_ITEM(first, 0), PyTuple_GET_ITEM(first, 1), target);
         if (edge != NULL) edges = PyTuple_Pack(1, edge);
         got = edges == NULL ? ERR : c_new_state(c, empty, edges);
         Py_XDECREF(edge);
         Py_XDECREF(edges);
-        if (got != ERR && set_state(c->shared, key, got) < 0) got = ERR;
+        if (got != ERR && set_state(c->ints, c->shared, key, got) < 0) got = ERR;
         c->nfa_bytes += edge_bytes + entry_bytes;
     }
     Py_DECREF(key);
@@ -385,7 +414,7 @@ static PyObject *c_char_edges(Ctx *c, PyObject *seqs, long nxt) {
         PyObject *seq = PyTuple_GET_ITEM(seqs, i), *first = PyTuple_GET_ITEM(seq, 0);
         long target = PyTuple_GET_SIZE(seq) == 1 ? nxt : c_tail(c, seq, 1, nxt);
         PyObject *edge = target == ERR ? NULL
-                                       : triple(PyTuple_GET_ITEM(first, 0),
+                                       : triple(c->ints, PyTuple_GET_ITEM(first, 0),
                                                 PyTuple_GET_ITEM(first, 1), target);
         if (edge == NULL) {
             Py_DECREF(out);
@@ -398,7 +427,7 @@ static PyObject *c_char_edges(Ctx *c, PyObject *seqs, long nxt) {
 
 /* `NFA._chars`: reads one code point of `ranges`, then `nxt`; -1 when none has UTF-8 */
 static long c_chars(Ctx *c, PyObject *ranges, long nxt) {
-    PyObject *x = PyLong_FromLong(nxt), *key = x == NULL ? NULL : PyTuple_Pack(2, ranges, x);
+    PyObject *x = state_int(c->ints, nxt), *key = x == NULL ? NULL : PyTuple_Pack(2, ranges, x);
     Py_XDECREF(x);
     if (key == NULL) return ERR;
     int found;
@@ -408,11 +437,11 @@ static long c_chars(Ctx *c, PyObject *ranges, long nxt) {
         if (seqs == NULL) {
             got = ERR;
         } else if (PyTuple_GET_SIZE(seqs) == 0) {
-            got = set_state(c->shared, key, -1) < 0 ? ERR : -1;
+            got = set_state(c->ints, c->shared, key, -1) < 0 ? ERR : -1;
         } else {
             edges = c_char_edges(c, seqs, nxt);
             got = edges == NULL ? ERR : c_new_state(c, empty, edges);
-            if (got != ERR && set_state(c->shared, key, got) < 0) got = ERR;
+            if (got != ERR && set_state(c->ints, c->shared, key, got) < 0) got = ERR;
             if (got != ERR) c->nfa_bytes += PyTuple_GET_SIZE(edges) * edge_bytes + entry_bytes;
         }
         Py_XDECREF(seqs);
@@ -493,15 +522,15 @@ static PyObject *c_run_edges(Ctx *c, long s, PyObject *run) {
 static long c_lift(Ctx *c, long state, long end, long target) {
     if (state == end) return target;
     long v[] = {state, end, target};
-    PyObject *key = tuple_of(v, 3);
+    PyObject *key = tuple_of(c->ints, v, 3);
     if (key == NULL) return ERR;
     int found;
     long got = get_state(c->lifts, key, &found);
     if (!found && got != ERR) {
         got = c_new_state(c, Py_None, Py_None);
-        if (got != ERR && set_state(c->lifts, key, got) < 0) got = ERR;
+        if (got != ERR && set_state(c->ints, c->lifts, key, got) < 0) got = ERR;
         if (got != ERR) {
-            PyObject *k = PyLong_FromLong(got);
+            PyObject *k = state_int(c->ints, got);
             if (k == NULL || PyDict_SetItem(c->lifted, k, key) < 0) got = ERR;
             Py_XDECREF(k);
         }
@@ -519,7 +548,7 @@ static PyObject *c_unwrap(Ctx *c, long s, int moves) {
     for (;;) {
         PyObject *list = item(lists, s), *lift;
         if (list == NULL) goto done;
-        if (list != Py_None || (lift = get_int_key(c->lifted, s)) == NULL) break;
+        if (list != Py_None || (lift = get_int_key(c->ints, c->lifted, s)) == NULL) break;
         if (longs_push(&chain, s) < 0) goto done;
         s = PyLong_AsLong(PyTuple_GET_ITEM(lift, 0));
     }
@@ -531,7 +560,7 @@ static PyObject *c_unwrap(Ctx *c, long s, int moves) {
     }
     inner = moves ? c_moves(c, s) : c_edges(c, s);
     for (Py_ssize_t k = chain.n - 1; k >= 0 && inner != NULL; k--) {
-        PyObject *lift = get_int_key(c->lifted, chain.v[k]);
+        PyObject *lift = get_int_key(c->ints, c->lifted, chain.v[k]);
         if (lift == NULL) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyError, "dfa_rows: lift lost");
             Py_CLEAR(inner);
@@ -546,8 +575,8 @@ static PyObject *c_unwrap(Ctx *c, long s, int moves) {
             long t = PyLong_AsLong(moves ? x : PyTuple_GET_ITEM(x, 2));
             long u = t == end ? target : c_lift(c, t, end, target);
             if (u == ERR) y = NULL;
-            else if (moves) y = PyLong_FromLong(u);
-            else y = triple(PyTuple_GET_ITEM(x, 0), PyTuple_GET_ITEM(x, 1), u);
+            else if (moves) y = state_int(c->ints, u);
+            else y = triple(c->ints, PyTuple_GET_ITEM(x, 0), PyTuple_GET_ITEM(x, 1), u);
             if (y == NULL) Py_CLEAR(up);
             else PyTuple_SET_ITEM(up, j, y);
         }
@@ -637,7 +666,7 @@ static long c_counter(Ctx *c, PyObject *node, PyObject *arg, long nxt) {
         past = memo == NULL ? -1 : PyObject_RichCompareBool(arg, PyTuple_GET_ITEM(memo, 2), Py_GE);
         Py_XDECREF(memo);
         if (past > 0) {
-            PyObject *x = PyLong_FromLong(nxt);
+            PyObject *x = state_int(c->ints, nxt);
             counter = x == NULL ? NULL : PyTuple_Pack(2, id, x);
             Py_XDECREF(x);
             count = Py_NewRef(arg);
@@ -647,14 +676,14 @@ static long c_counter(Ctx *c, PyObject *node, PyObject *arg, long nxt) {
         past = lo == NULL ? -1 : PyObject_RichCompareBool(PyTuple_GET_ITEM(arg, 1), lo, Py_GE);
         Py_XDECREF(lo);
         if (past > 0) {
-            counter = triple(id, PyTuple_GET_ITEM(arg, 0), nxt);
+            counter = triple(c->ints, id, PyTuple_GET_ITEM(arg, 0), nxt);
             count = Py_NewRef(PyTuple_GET_ITEM(arg, 1));
         }
     }
     Py_DECREF(id);
     if (past < 0) return ERR;
     if (past) {
-        PyObject *k = PyLong_FromLong(got), *order = counter ? PyTuple_Pack(2, counter, count) : NULL;
+        PyObject *k = state_int(c->ints, got), *order = counter ? PyTuple_Pack(2, counter, count) : NULL;
         if (k == NULL || order == NULL || PyDict_SetItem(c->order, k, order) < 0) got = ERR;
         Py_XDECREF(k);
         Py_XDECREF(order);
@@ -672,7 +701,7 @@ static long c_end(Ctx *c, PyObject *node) {
     long got = get_state(c->ends, id, &found);
     if (!found && got != ERR) {
         got = c_new_state(c, empty, empty);
-        if (got != ERR && set_state(c->ends, id, got) < 0) got = ERR;
+        if (got != ERR && set_state(c->ints, c->ends, id, got) < 0) got = ERR;
     }
     Py_DECREF(id);
     return got;
@@ -727,7 +756,7 @@ static long c_copy(Ctx *c, PyObject *node, PyObject *ranges, long target) {
         long end = body == NULL ? ERR : c_end(c, node);
         start = end == ERR ? ERR : c_add(c, body, end);
         Py_XDECREF(body);
-        if (start != ERR && set_state(c->bodies, key, start) < 0) start = ERR;
+        if (start != ERR && set_state(c->ints, c->bodies, key, start) < 0) start = ERR;
     }
     Py_DECREF(key);
     if (start < 0) return start; /* ERR, or -1: matches nothing */
@@ -829,7 +858,7 @@ static int c_dfa_moves(Ctx *c, PyObject *node, PyObject *arg, long nxt, Longs *o
         if (live < 0) goto done;
         if (!live) continue;
         long pair[] = {t, more};
-        PyObject *at = tuple_of(pair, 2);
+        PyObject *at = tuple_of(NULL, pair, 2);
         long counter = at == NULL ? ERR : c_counter(c, node, at, nxt);
         Py_XDECREF(at);
         long start = counter == ERR ? ERR : c_copy(c, node, PyTuple_GET_ITEM(move, 0), counter);
@@ -849,7 +878,7 @@ done:
 /* nfa.add(node, nxt) by the Python method: a node of no kind C makes (it raises, as for a
  * rule reference inside a regular expression) */
 static long python_add(Ctx *c, PyObject *node, long nxt) {
-    PyObject *x = PyLong_FromLong(nxt);
+    PyObject *x = state_int(c->ints, nxt);
     if (x == NULL) return ERR;
     PyObject *args[] = {c->nfa, node, x};
     long s = state_from(call(s_add, args, 3));
@@ -929,7 +958,7 @@ static PyObject *c_node_moves(Ctx *c, long s, PyObject *todo) {
     Py_ssize_t n = 0;
     for (Py_ssize_t i = 0; i < out.n; i++)
         if (out.v[i] >= 0) out.v[n++] = out.v[i];
-    live = tuple_of(out.v, n);
+    live = tuple_of(c->ints, out.v, n);
     if (live != NULL && PyList_SetItem(c->eps, s, Py_NewRef(live)) < 0) Py_CLEAR(live);
     if (live != NULL) c->nfa_bytes += 8 * n;
 done:
@@ -944,7 +973,7 @@ static PyObject *c_made(Ctx *c, long s, int moves) {
     PyObject *list = item(moves ? c->eps : c->edges, s);
     if (list == NULL) return NULL;
     if (list != Py_None) return Py_NewRef(list);
-    PyObject *key = PyLong_FromLong(s);
+    PyObject *key = state_int(c->ints, s);
     if (key == NULL) return NULL;
     PyObject *todo = NULL; /* a node's (node, arg, nxt), a literal run's (node, i, nxt) */
     int popped = dict_pop(moves ? c->todo : c->run_todo, key, &todo);
@@ -965,7 +994,7 @@ static PyObject *c_edges(Ctx *c, long s) { return c_made(c, s, 0); }
 /* `NFA.has_edges`: 1, 0, or -1 on error. */
 static int has_edges(Ctx *c, long s) {
     while (PyDict_GET_SIZE(c->lifted)) {
-        PyObject *lift = get_int_key(c->lifted, s);
+        PyObject *lift = get_int_key(c->ints, c->lifted, s);
         if (lift == NULL) {
             if (PyErr_Occurred()) return -1;
             break;
@@ -986,7 +1015,7 @@ static Py_ssize_t prune(Ctx *c, long *v, Py_ssize_t n) {
     if (best == NULL) return -1;
     Py_ssize_t kept = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *lift = get_int_key(c->lifted, v[i]);
+        PyObject *lift = get_int_key(c->ints, c->lifted, v[i]);
         PyObject *order = NULL;
         if (lift == NULL && PyErr_Occurred()) goto fail;
         if (lift != NULL) {
@@ -1015,7 +1044,7 @@ static Py_ssize_t prune(Ctx *c, long *v, Py_ssize_t n) {
             }
         }
         if (better) {
-            PyObject *x = PyLong_FromLong(v[i]);
+            PyObject *x = state_int(c->ints, v[i]);
             PyObject *pair = x == NULL ? NULL : PyTuple_Pack(2, x, PyTuple_GET_ITEM(order, 1));
             Py_XDECREF(x);
             if (pair == NULL || PyDict_SetItem(best, key, pair) < 0) {
@@ -1090,7 +1119,7 @@ static PyObject *c_closure(Ctx *c, PyObject *budget, PyObject *states) {
     for (Py_ssize_t i = 0; i < found.n; i++) {
         int e = has_edges(c, found.v[i]);
         if (e == 0) {
-            PyObject *key = PyLong_FromLong(found.v[i]);
+            PyObject *key = state_int(c->ints, found.v[i]);
             if (key == NULL) goto done;
             e = PyDict_Contains(c->tags, key);
             Py_DECREF(key);
@@ -1101,7 +1130,7 @@ static PyObject *c_closure(Ctx *c, PyObject *budget, PyObject *states) {
     kept = prune(c, found.v, kept);
     if (kept < 0) goto done;
     qsort(found.v, kept, sizeof(long), cmp_long);
-    out = tuple_of(found.v, kept);
+    out = tuple_of(c->ints, found.v, kept);
 done:
     free(stack.v);
     free(found.v);
@@ -1121,17 +1150,21 @@ static PyObject *closure(PyObject *self, PyObject *args) {
 /* What a row reads of the DFA (`LazyDFA._parts`) and of its budget's limits. */
 typedef struct {
     PyObject *by_targets, *ids, *sets, *rows, *states, *budget;
+    PyObject *ints; /* the DFA states' shared ints (`state_int`) */
     long max_states, max_state_size; /* LONG_MAX before the budget is bound */
 } Table;
 
 static int table_load(Table *d, PyObject *dfa) {
     PyObject *parts = PyObject_GetAttr(dfa, s_parts), *limits = NULL;
     if (parts == NULL) return -1;
-    int ok = PyArg_ParseTuple(parts, "O!O!O!O!OO", &PyDict_Type, &d->by_targets, &PyDict_Type,
+    int ok = PyArg_ParseTuple(parts, "O!O!O!O!OOO!", &PyDict_Type, &d->by_targets, &PyDict_Type,
                               &d->ids, &PyList_Type, &d->sets, &PyList_Type, &d->rows,
-                              &d->states, &d->budget);
+                              &d->states, &d->budget, &PyList_Type, &d->ints);
     Py_DECREF(parts); /* the DFA holds its parts */
     if (!ok || (limits = PyObject_GetAttr(d->budget, s_limits)) == NULL) return -1;
+    untrack(d->sets);
+    untrack(d->rows);
+    untrack(d->ints);
     d->max_states = d->max_state_size = LONG_MAX;
     if (limits != Py_None) {
         PyObject *a = PyObject_GetAttr(limits, s_max_states);
@@ -1162,7 +1195,7 @@ static long c_intern(Ctx *c, Table *d, PyObject *key) {
         PyObject *args[] = {d->states, key};
         return state_from(call(s_intern, args, 2));
     }
-    if (set_state(d->ids, key, n) < 0 || PyList_Append(d->sets, key) < 0 ||
+    if (set_state(d->ints, d->ids, key, n) < 0 || PyList_Append(d->sets, key) < 0 ||
         PyList_Append(d->rows, Py_None) < 0)
         return ERR;
     c->table_bytes += tuple_base + tuple_item * PyTuple_GET_SIZE(key) + 2 * entry_bytes;
@@ -1172,7 +1205,7 @@ static long c_intern(Ctx *c, Table *d, PyObject *key) {
 /* `LazyDFA._target_id` of the target set `v[0:n]` (sorted): its DFA id, -1 when its closure is
  * empty, ERR on error. */
 static long c_target_id(Ctx *c, Table *d, const long *v, Py_ssize_t n) {
-    PyObject *key = tuple_of(v, n), *ck;
+    PyObject *key = tuple_of(c->ints, v, n), *ck;
     if (key == NULL) return ERR;
     int found;
     long got = get_state(d->by_targets, key, &found);
@@ -1183,7 +1216,7 @@ static long c_target_id(Ctx *c, Table *d, const long *v, Py_ssize_t n) {
     }
     if (PyTuple_GET_SIZE(ck) > 0) got = c_intern(c, d, ck);
     Py_DECREF(ck);
-    if (got != ERR && set_state(d->by_targets, key, got) < 0) got = ERR;
+    if (got != ERR && set_state(d->ints, d->by_targets, key, got) < 0) got = ERR;
     if (got != ERR) c->table_bytes += tuple_base + tuple_item * n + entry_bytes;
 done:
     Py_DECREF(key);

@@ -35,7 +35,10 @@ the first time someone asks for it. NFA moves and edges and DFA states are tuple
 which Python's cyclic garbage collector stops tracking: a cached grammar holds hundreds of
 thousands of them, and as lists or sets each full collection would walk them all.
 `dfa_rows.c` (see `native_rows`) runs the rows, closures and interning and the NFA states they
-make in C over these same lists and dicts (`_parts`); the code here is its twin. (One
+make in C over these same lists and dicts (`_parts`); the code here is its twin. The C rows
+also give each state number one int object that all their tuples and keys share (`_ints`),
+and take the lists of states, which hold nothing a cycle could run through, out of the
+collector's sight. (One
 module past 400 lines: the DFA's closure and the NFA's lazily made moves, lifts and pruning
 are two halves of one construction.)
 """
@@ -111,10 +114,12 @@ class NFA:
         self._lifts: dict[tuple[int, int, int], int] = {}  # (state, end, target) -> lifted
         self._lifted: dict[int, tuple[int, int, int]] = {}  # lifted -> (state, end, target)
         self._order: dict[int, tuple[tuple, int]] = {}  # counter -> (its counter, its count)
+        self._ints: list[int] = []  # the C rows' int object of each state number, shared
         # what the C rows (`dfa_rows.c`) read and write, in one attribute
         self._parts = (self._eps, self._edges, self._todo, self._runs, self._run_todo, self._ids,
                        self._shared, self._lifts, self._lifted, self._order, self.tags,
-                       self._ends, self._bodies, self._body_irs, self.facts._counted)  # fmt: skip
+                       self._ends, self._bodies, self._body_irs, self.facts._counted,
+                       self._ints)  # fmt: skip
 
     def __len__(self) -> int:
         return len(self._eps)
@@ -418,9 +423,10 @@ class LazyDFA:
         if self._native is not None:
             self._native.configure(Chars, Seq, Alt, Repeat, Dfa, _sequences, MAX_NFA_STATES,
                                    _NFA_STATE_BYTES, _EDGE_BYTES, DICT_ENTRY_BYTES, *_TUPLE_BYTES)  # fmt: skip
+        self._ints: list[int] = []  # the C rows' int object of each DFA state number, shared
         # what the C rows read of this DFA, in one attribute
         self._parts = (self._by_targets, self.states._ids, self.sets, self.states._rows,
-                       self.states, self.budget)  # fmt: skip
+                       self.states, self.budget, self._ints)  # fmt: skip
 
     def closure(self, states: tuple[int, ...]) -> tuple[int, ...]:
         """NFA states with byte edges or tags reachable from `states` by epsilon moves, less
