@@ -27,7 +27,7 @@
 static PyObject *chars_type, *seq_type, *alt_type, *repeat_type, *dfa_type, *sequences_fn;
 static long max_nfa_states, state_bytes, edge_bytes, entry_bytes;
 static long tuple_base, tuple_item; /* sys.getsizeof of a tuple: base + item * length */
-static PyObject *empty, *zero; /* () and 0 */
+static PyObject *empty, *zero; /* b"" (no moves or edges) and 0 */
 static PyObject *s_items, *s_ranges, *s_facts, *s_tail, *s_parts, *s_charge, *s_nbytes,
     *s_new_state, *s_add, *s_check, *s_dead, *s_intern, *s_counted, *s_body_ir, *s_live, *s_hi,
     *s_lo, *s_table, *s_start, *s_accepting, *s_moves, *s_shortest, *s_longest, *s_row,
@@ -145,6 +145,22 @@ static PyObject *tuple_of(PyObject *ints, const long *v, Py_ssize_t n) {
     }
     return out;
 }
+
+/* A state's moves or edges as the NFA keeps them: a bytes object of C ints (what the Python
+ * code reads as `array('i')`), a move per target, three per edge (lo, hi, target); one object
+ * with no references per list, quick to make, read and free. A new reference. */
+static PyObject *packed(const long *v, Py_ssize_t n) {
+    PyObject *b = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int));
+    if (b == NULL) return NULL;
+    int *w = (int *)PyBytes_AS_STRING(b);
+    for (Py_ssize_t i = 0; i < n; i++) w[i] = (int)v[i];
+    return b;
+}
+
+/* The ints of a packed list (borrowed from `b`, a bytes object) and their number. */
+static const int *ints_in(PyObject *b) { return (const int *)PyBytes_AS_STRING(b); }
+
+static Py_ssize_t count_in(PyObject *b) { return PyBytes_GET_SIZE(b) / (Py_ssize_t)sizeof(int); }
 
 /* (a, b, state n): a new tuple */
 static PyObject *triple(PyObject *ints, PyObject *a, PyObject *b, long n) {
@@ -390,12 +406,10 @@ static long c_tail(Ctx *c, PyObject *seq, Py_ssize_t from, long nxt) {
     if (!found && got != ERR) {
         long target = from + 1 == PyTuple_GET_SIZE(seq) ? nxt : c_tail(c, seq, from + 1, nxt);
         PyObject *first = PyTuple_GET_ITEM(seq, from), *edges = NULL;
-        PyObject *edge = NULL;
-        if (target != ERR)
-            edge = triple(c->ints, PyTuple_GET_ITEM(first, 0), PyTuple_GET_ITEM(first, 1), target);
-        if (edge != NULL) edges = PyTuple_Pack(1, edge);
+        long edge[] = {PyLong_AsLong(PyTuple_GET_ITEM(first, 0)),
+                       PyLong_AsLong(PyTuple_GET_ITEM(first, 1)), target};
+        if (target != ERR && !PyErr_Occurred()) edges = packed(edge, 3);
         got = edges == NULL ? ERR : c_new_state(c, empty, edges);
-        Py_XDECREF(edge);
         Py_XDECREF(edges);
         if (got != ERR && set_state(c->ints, c->shared, key, got) < 0) got = ERR;
         c->nfa_bytes += edge_bytes + entry_bytes;
@@ -404,24 +418,23 @@ static long c_tail(Ctx *c, PyObject *seq, Py_ssize_t from, long nxt) {
     return got;
 }
 
-/* `NFA._char_edges`: a new tuple of (lo, hi, target) edges reading one code point of `ranges`
- * (its UTF-8 sequences `seqs`), then going to `nxt` */
+/* `NFA._char_edges`: the packed (lo, hi, target) edges reading one code point of `ranges` (its
+ * UTF-8 sequences `seqs`), then going to `nxt`; a new reference */
 static PyObject *c_char_edges(Ctx *c, PyObject *seqs, long nxt) {
     Py_ssize_t n = PyTuple_GET_SIZE(seqs);
-    PyObject *out = PyTuple_New(n);
-    if (out == NULL) return NULL;
+    long *v = malloc((3 * n + 1) * sizeof(long));
+    if (v == NULL) return PyErr_NoMemory();
+    PyObject *out = NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *seq = PyTuple_GET_ITEM(seqs, i), *first = PyTuple_GET_ITEM(seq, 0);
-        long target = PyTuple_GET_SIZE(seq) == 1 ? nxt : c_tail(c, seq, 1, nxt);
-        PyObject *edge = target == ERR ? NULL
-                                       : triple(c->ints, PyTuple_GET_ITEM(first, 0),
-                                                PyTuple_GET_ITEM(first, 1), target);
-        if (edge == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(out, i, edge);
+        v[3 * i] = PyLong_AsLong(PyTuple_GET_ITEM(first, 0));
+        v[3 * i + 1] = PyLong_AsLong(PyTuple_GET_ITEM(first, 1));
+        v[3 * i + 2] = PyTuple_GET_SIZE(seq) == 1 ? nxt : c_tail(c, seq, 1, nxt);
+        if (v[3 * i + 2] == ERR || PyErr_Occurred()) goto done;
     }
+    out = packed(v, 3 * n);
+done:
+    free(v);
     return out;
 }
 
@@ -442,7 +455,7 @@ static long c_chars(Ctx *c, PyObject *ranges, long nxt) {
             edges = c_char_edges(c, seqs, nxt);
             got = edges == NULL ? ERR : c_new_state(c, empty, edges);
             if (got != ERR && set_state(c->ints, c->shared, key, got) < 0) got = ERR;
-            if (got != ERR) c->nfa_bytes += PyTuple_GET_SIZE(edges) * edge_bytes + entry_bytes;
+            if (got != ERR) c->nfa_bytes += count_in(edges) / 3 * edge_bytes + entry_bytes;
         }
         Py_XDECREF(seqs);
         Py_XDECREF(edges);
@@ -510,7 +523,7 @@ static PyObject *c_run_edges(Ctx *c, long s, PyObject *run) {
     if (target != ERR && (ranges = PyObject_GetAttr(PyTuple_GET_ITEM(items, i), s_ranges)) &&
         (seqs = sequences_of(ranges)) && (edges = c_char_edges(c, seqs, target))) {
         if (PyList_SetItem(c->edges, s, Py_NewRef(edges)) < 0) Py_CLEAR(edges);
-        else c->nfa_bytes += PyTuple_GET_SIZE(edges) * edge_bytes;
+        else c->nfa_bytes += count_in(edges) / 3 * edge_bytes;
     }
     Py_XDECREF(seqs);
     Py_XDECREF(ranges);
@@ -568,23 +581,22 @@ static PyObject *c_unwrap(Ctx *c, long s, int moves) {
         }
         long end = PyLong_AsLong(PyTuple_GET_ITEM(lift, 1));
         long target = PyLong_AsLong(PyTuple_GET_ITEM(lift, 2));
-        Py_ssize_t n = PyTuple_GET_SIZE(inner);
-        PyObject *up = PyTuple_New(n);
-        for (Py_ssize_t j = 0; up != NULL && j < n; j++) {
-            PyObject *x = PyTuple_GET_ITEM(inner, j), *y;
-            long t = PyLong_AsLong(moves ? x : PyTuple_GET_ITEM(x, 2));
-            long u = t == end ? target : c_lift(c, t, end, target);
-            if (u == ERR) y = NULL;
-            else if (moves) y = state_int(c->ints, u);
-            else y = triple(c->ints, PyTuple_GET_ITEM(x, 0), PyTuple_GET_ITEM(x, 1), u);
-            if (y == NULL) Py_CLEAR(up);
-            else PyTuple_SET_ITEM(up, j, y);
+        Py_ssize_t n = count_in(inner), step = moves ? 1 : 3; /* a target every `step` ints */
+        long *v = malloc((n + 1) * sizeof(long));
+        PyObject *up = NULL;
+        if (v == NULL) PyErr_NoMemory();
+        for (Py_ssize_t j = 0; v != NULL && j < n; j++) {
+            long t = ints_in(inner)[j];
+            v[j] = j % step != step - 1 ? t : t == end ? target : c_lift(c, t, end, target);
+            if (v[j] == ERR) break;
         }
+        if (v != NULL && !PyErr_Occurred()) up = packed(v, n);
+        free(v);
         Py_DECREF(inner);
         inner = up;
         if (inner != NULL && PyList_SetItem(lists, chain.v[k], Py_NewRef(inner)) < 0)
             Py_CLEAR(inner);
-        if (inner != NULL) c->nfa_bytes += (moves ? 8 : edge_bytes) * n;
+        if (inner != NULL) c->nfa_bytes += moves ? (long)sizeof(int) * n : edge_bytes * (n / 3);
     }
 done:
     free(chain.v);
@@ -958,9 +970,9 @@ static PyObject *c_node_moves(Ctx *c, long s, PyObject *todo) {
     Py_ssize_t n = 0;
     for (Py_ssize_t i = 0; i < out.n; i++)
         if (out.v[i] >= 0) out.v[n++] = out.v[i];
-    live = tuple_of(c->ints, out.v, n);
+    live = packed(out.v, n);
     if (live != NULL && PyList_SetItem(c->eps, s, Py_NewRef(live)) < 0) Py_CLEAR(live);
-    if (live != NULL) c->nfa_bytes += 8 * n;
+    if (live != NULL) c->nfa_bytes += (long)sizeof(int) * n;
 done:
     Py_XDECREF(items);
     free(out.v);
@@ -972,7 +984,12 @@ done:
 static PyObject *c_made(Ctx *c, long s, int moves) {
     PyObject *list = item(moves ? c->eps : c->edges, s);
     if (list == NULL) return NULL;
-    if (list != Py_None) return Py_NewRef(list);
+    if (PyBytes_Check(list)) return Py_NewRef(list);
+    if (list != Py_None) {
+        PyErr_Format(PyExc_TypeError, "dfa_rows: NFA state %ld's %s are not packed ints", s,
+                     moves ? "moves" : "edges");
+        return NULL;
+    }
     PyObject *key = state_int(c->ints, s);
     if (key == NULL) return NULL;
     PyObject *todo = NULL; /* a node's (node, arg, nxt), a literal run's (node, i, nxt) */
@@ -1004,7 +1021,7 @@ static int has_edges(Ctx *c, long s) {
     }
     PyObject *e = item(c->edges, s);
     if (e == NULL) return -1;
-    return e == Py_None || PyTuple_GET_SIZE(e) > 0;
+    return e == Py_None || (PyBytes_Check(e) && PyBytes_GET_SIZE(e) > 0);
 }
 
 /* `NFA.prune` over `v[0:n]` (in place; returns the new length, -1 on error): the lifted
@@ -1085,7 +1102,7 @@ static PyObject *c_closure(Ctx *c, PyObject *budget, PyObject *states) {
         if (s == -1 && PyErr_Occurred()) return NULL;
         PyObject *m = item(c->eps, s);
         if (m == NULL) return NULL;
-        if (m != Py_None && PyTuple_GET_SIZE(m) == 0) {
+        if (PyBytes_Check(m) && PyBytes_GET_SIZE(m) == 0) {
             int e = has_edges(c, s);
             if (e == 0) e = PyDict_Contains(c->tags, PyTuple_GET_ITEM(states, 0));
             if (e < 0) return NULL;
@@ -1105,9 +1122,9 @@ static PyObject *c_closure(Ctx *c, PyObject *budget, PyObject *states) {
         long s = stack.v[--stack.n];
         PyObject *m = c_moves(c, s);
         if (m == NULL) goto done;
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(m); i++) {
-            long t = PyLong_AsLong(PyTuple_GET_ITEM(m, i));
-            int added = t == -1 && PyErr_Occurred() ? -1 : set_add(&seen, t);
+        for (Py_ssize_t i = 0; i < count_in(m); i++) {
+            long t = ints_in(m)[i];
+            int added = set_add(&seen, t);
             if (added < 0 || (added && (longs_push(&found, t) < 0 || longs_push(&stack, t) < 0))) {
                 Py_DECREF(m);
                 goto done;
@@ -1238,7 +1255,8 @@ static int c_fill_row(Ctx *c, Table *d, PyObject *states, int32_t *row) {
         if (s == -1 && PyErr_Occurred()) goto done;
         PyObject *list = c_edges(c, s);
         if (list == NULL) goto done;
-        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(list); j++) {
+        const int *v = ints_in(list);
+        for (Py_ssize_t j = 0; j < count_in(list) / 3; j++) {
             if (ne == cap) {
                 cap = cap ? 2 * cap : 32;
                 Edge *grown = realloc(e, cap * sizeof(Edge));
@@ -1249,10 +1267,9 @@ static int c_fill_row(Ctx *c, Table *d, PyObject *states, int32_t *row) {
                 }
                 e = grown;
             }
-            PyObject *edge = PyTuple_GET_ITEM(list, j);
-            e[ne].lo = PyLong_AsLong(PyTuple_GET_ITEM(edge, 0));
-            e[ne].hi = PyLong_AsLong(PyTuple_GET_ITEM(edge, 1));
-            e[ne].t = PyLong_AsLong(PyTuple_GET_ITEM(edge, 2));
+            e[ne].lo = v[3 * j];
+            e[ne].hi = v[3 * j + 1];
+            e[ne].t = v[3 * j + 2];
             ne++;
         }
         Py_DECREF(list);
@@ -1454,6 +1471,6 @@ PyMODINIT_FUNC PyInit_dfa_rows(void) {
                           &s_pointers};
     for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++)
         if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
-    if (!(empty = PyTuple_New(0)) || !(zero = PyLong_FromLong(0))) return NULL;
+    if (!(empty = PyBytes_FromStringAndSize(NULL, 0)) || !(zero = PyLong_FromLong(0))) return NULL;
     return PyModule_Create(&module);
 }

@@ -31,14 +31,14 @@ as it is built and the budget's clock bounds the work.
 
 The DFA is built on demand: a state is the set of NFA states with byte edges or tags in an
 epsilon closure, interned to an int; its 256-entry row of successors (-1 = dead) is computed
-the first time someone asks for it. NFA moves and edges and DFA states are tuples of ints,
-which Python's cyclic garbage collector stops tracking: a cached grammar holds hundreds of
-thousands of them, and as lists or sets each full collection would walk them all.
-`dfa_rows.c` (see `native_rows`) runs the rows, closures and interning and the NFA states they
-make in C over these same lists and dicts (`_parts`); the code here is its twin. The C rows
-also give each state number one int object that all their tuples and keys share (`_ints`),
-and take the lists of states, which hold nothing a cycle could run through, out of the
-collector's sight. (One
+the first time someone asks for it. A cached grammar holds hundreds of thousands of NFA
+states, so their lists are cheap to keep, free and collect: an NFA state's moves and edges are
+each one bytes object of packed C ints (`_packed`), DFA states are tuples of ints (which
+Python's cyclic collector stops tracking). `dfa_rows.c` (see `native_rows`) runs the rows,
+closures and interning and the NFA states they make in C over these same lists and dicts
+(`_parts`); the code here is its twin. The C rows also give each state number one int object
+that all their tuples and keys share (`_ints`), and take the lists of states, which hold
+nothing a reference cycle could run through, out of the collector's sight. (One
 module past 400 lines: the DFA's closure and the NFA's lazily made moves, lifts and pruning
 are two halves of one construction.)
 """
@@ -48,6 +48,8 @@ from __future__ import annotations
 import functools
 import sys
 import time
+from array import array
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -60,9 +62,10 @@ from .states import DICT_ENTRY_BYTES, StateRows
 MAX_NFA_STATES = 500_000
 _CHECK_EVERY = 256  # closure steps between clock checks
 
-# Per NFA state: its two lists, its id, its key and todo entry (measured, roughly).
-_NFA_STATE_BYTES = 2 * sys.getsizeof([]) + 32 + 200
-_EDGE_BYTES = sys.getsizeof((0, 0, 0)) + 8  # a (lo, hi, target) tuple and its list slot
+# Per NFA state: its two packed lists, its id, its key and todo entry (measured, roughly).
+_NFA_STATE_BYTES = 2 * sys.getsizeof(b"") + 32 + 200
+_MOVE_BYTES = array("i").itemsize  # a move: one packed int
+_EDGE_BYTES = 3 * _MOVE_BYTES  # an edge: lo, hi, target
 _TUPLE_BYTES = (sys.getsizeof(()), sys.getsizeof((0,)) - sys.getsizeof(()))  # base, per item
 
 
@@ -85,6 +88,21 @@ class Deadline:
             )
 
 
+def _packed(ints: Iterable[int]) -> bytes:
+    """A state's moves, or its edges' (lo, hi, target) flattened, as the NFA keeps them: C ints
+    in a bytes object (one object per list, no int objects in it; what `dfa_rows.c` reads)."""
+    return array("i", ints).tobytes()
+
+
+def _unpacked(packed: bytes) -> list[int]:
+    return memoryview(packed).cast("i").tolist()
+
+
+def _triples(packed: bytes) -> list[tuple[int, int, int]]:
+    ints = _unpacked(packed)
+    return list(zip(ints[0::3], ints[1::3], ints[2::3], strict=True))
+
+
 @functools.lru_cache(maxsize=4096)
 def _sequences(ranges: tuple) -> tuple:
     return tuple(tuple(seq) for lo, hi in ranges for seq in utf8_sequences(lo, hi))
@@ -99,10 +117,10 @@ class NFA:
         self.budget: GrammarBudget | None = None  # set by the LazyDFA that walks it
         self.nbytes = 0
         self.facts = IrFacts(self.check)
-        # None: not made yet (a lifted state's moves and edges, a node state's moves from
-        # `_todo`, a literal run's edges from `_run_todo`), made on first use
-        self._eps: list[tuple[int, ...] | None] = []
-        self._edges: list[tuple[tuple[int, int, int], ...] | None] = []
+        # Packed (`_packed`); None: not made yet (a lifted state's moves and edges, a node
+        # state's moves from `_todo`, a literal run's edges from `_run_todo`), made on first use
+        self._eps: list[bytes | None] = []
+        self._edges: list[bytes | None] = []
         self._todo: dict[int, tuple[object, object, int]] = {}  # state -> (node, arg, next)
         self._runs: dict[tuple[int, int, int], int] = {}  # (id(Seq), i, next) -> state
         self._run_todo: dict[int, tuple[Seq, int, int]] = {}  # state -> (Seq, i, next)
@@ -136,12 +154,8 @@ class NFA:
             self.budget.charge(nbytes)
         self.nbytes += nbytes
 
-    def new_state(
-        self,
-        moves: tuple[int, ...] | None = (),
-        edges: tuple[tuple[int, int, int], ...] | None = (),
-    ) -> int:
-        """A state with `moves` and `edges` (None: made on first use)."""
+    def new_state(self, moves: bytes | None = b"", edges: bytes | None = b"") -> int:
+        """A state with packed `moves` and `edges` (None: made on first use)."""
         if len(self._eps) >= MAX_NFA_STATES:
             raise GrammarBudgetExceeded(
                 "MAX_NFA_STATES", f"more than {MAX_NFA_STATES} NFA states, the limit per grammar"
@@ -172,21 +186,21 @@ class NFA:
             self._counter(node, 0, nxt) if isinstance(node, Repeat) else self._state(node, 0, nxt)
         )
 
-    def moves(self, state: int) -> tuple[int, ...]:
+    def moves(self, state: int) -> list[int]:
         """The epsilon moves of `state`, made now if they were not yet."""
         eps = self._eps[state]
         if eps is None:
             todo = self._todo.pop(state, None)
-            return self._unwrap(state, True) if todo is None else self._node_moves(state, todo)
-        return eps
+            eps = self._unwrap(state, True) if todo is None else self._node_moves(state, todo)
+        return _unpacked(eps)
 
-    def edges(self, state: int) -> tuple[tuple[int, int, int], ...]:
+    def edges(self, state: int) -> list[tuple[int, int, int]]:
         """The byte edges (lo, hi, target) of `state`, made now if they were not yet."""
         edges = self._edges[state]
         if edges is None:
             run = self._run_todo.pop(state, None)
-            return self._unwrap(state, False) if run is None else self._run_edges(state, run)
-        return edges
+            edges = self._unwrap(state, False) if run is None else self._run_edges(state, run)
+        return _triples(edges)
 
     def has_edges(self, state: int) -> bool:
         """Whether `state` has byte edges (without making a lifted state's or a run's)."""
@@ -215,7 +229,7 @@ class NFA:
         out.extend(s for s, _count in best.values())
         return out
 
-    def _node_moves(self, state: int, todo: tuple[object, object, int]) -> tuple[int, ...]:
+    def _node_moves(self, state: int, todo: tuple[object, object, int]) -> bytes:
         node, arg, nxt = todo
         if isinstance(node, Seq):
             out = [self.add(node.items[arg], self._rest(node, arg + 1, nxt))]
@@ -225,30 +239,29 @@ class NFA:
             out = self._repeat_moves(node, arg, nxt)
         else:
             out = self._dfa_moves(node, arg, nxt)
-        live = tuple(t for t in out if t >= 0)
-        self._charge(8 * len(live))
-        self._eps[state] = live
-        return live
+        live = [t for t in out if t >= 0]
+        self._charge(_MOVE_BYTES * len(live))
+        packed = self._eps[state] = _packed(live)
+        return packed
 
-    def _unwrap(self, state: int, moves: bool) -> tuple:
-        """Moves (or edges) of a lifted state: down its lifts (a loop, however deep they nest)
-        to a state whose list is made, then back up, lifting the list once per level."""
+    def _unwrap(self, state: int, moves: bool) -> bytes:
+        """Packed moves (or edges) of a lifted state: down its lifts (a loop, however deep they
+        nest) to a state whose list is made, then back up, lifting the list once per level."""
         lists = self._eps if moves else self._edges
         chain = []
         while lists[state] is None and state in self._lifted:  # else: from `_todo`, a run
             chain.append(state)
             state = self._lifted[state][0]
-        inner = self.moves(state) if moves else self.edges(state)
+        inner = self.moves(state) if moves else [x for e in self.edges(state) for x in e]
+        step = 1 if moves else 3  # a target every `step` ints
+        packed = b""
         for lifted in reversed(chain):
             _x, end, target = self._lifted[lifted]
-            if moves:
-                inner = tuple(target if t == end else self._lift(t, end, target) for t in inner)
-            else:
-                inner = tuple((lo, hi, target if t == end else self._lift(t, end, target))
-                              for lo, hi, t in inner)  # fmt: skip
-            lists[lifted] = inner
-            self._charge((8 if moves else _EDGE_BYTES) * len(inner))
-        return inner
+            inner = [t if j % step != step - 1 else target if t == end else self._lift(t, end, target)
+                     for j, t in enumerate(inner)]  # fmt: skip
+            packed = lists[lifted] = _packed(inner)
+            self._charge((_MOVE_BYTES if moves else _EDGE_BYTES) * (len(inner) // step))
+        return packed
 
     def _lift(self, state: int, end: int, target: int) -> int:
         """`state` of a counted body built once to end in `end`, going on to `target` instead:
@@ -303,13 +316,13 @@ class NFA:
             return self._chars(items[i].ranges, target)
         return nxt if i == len(items) else self._state(node, i, nxt)
 
-    def _run_edges(self, state: int, run: tuple[Seq, int, int]) -> tuple:
-        """The edges of a literal run's state: its character, to the rest of the run."""
+    def _run_edges(self, state: int, run: tuple[Seq, int, int]) -> bytes:
+        """The packed edges of a literal run's state: its character, to the rest of the run."""
         node, i, nxt = run
         edges = self._edges[state] = self._char_edges(
             node.items[i].ranges, self._rest(node, i + 1, nxt)
         )
-        self._charge(len(edges) * _EDGE_BYTES)
+        self._charge(len(edges))  # packed: _EDGE_BYTES an edge
         return edges
 
     def _end(self, node) -> int:
@@ -382,14 +395,15 @@ class NFA:
             return -1
         edges = self._char_edges(ranges, nxt)
         start = self._shared[key] = self.new_state(edges=edges)
-        self._charge(len(edges) * _EDGE_BYTES + DICT_ENTRY_BYTES)
+        self._charge(len(edges) + DICT_ENTRY_BYTES)
         return start
 
-    def _char_edges(self, ranges: Ranges, nxt: int) -> tuple[tuple[int, int, int], ...]:
-        """Edges reading one code point of `ranges` (its UTF-8 bytes), then going to `nxt`."""
-        return tuple(
-            (seq[0][0], seq[0][1], nxt if len(seq) == 1 else self._tail(seq[1:], nxt))
+    def _char_edges(self, ranges: Ranges, nxt: int) -> bytes:
+        """Packed edges reading one code point of `ranges` (its UTF-8 bytes), then `nxt`."""
+        return _packed(
+            x
             for seq in _sequences(ranges)
+            for x in (seq[0][0], seq[0][1], nxt if len(seq) == 1 else self._tail(seq[1:], nxt))
         )
 
     def _tail(self, ranges: tuple, nxt: int) -> int:
@@ -398,7 +412,7 @@ class NFA:
         got = self._shared.get(key)
         if got is None:
             target = nxt if len(ranges) == 1 else self._tail(ranges[1:], nxt)
-            got = self._shared[key] = self.new_state(edges=((ranges[0][0], ranges[0][1], target),))
+            got = self._shared[key] = self.new_state(edges=_packed((*ranges[0], target)))
             self._charge(_EDGE_BYTES + DICT_ENTRY_BYTES)
         return got
 
@@ -435,8 +449,7 @@ class LazyDFA:
         if self._native is not None:
             return self._native.closure(self.nfa, self.budget, states)
         nfa = self.nfa
-        made = nfa._eps  # read in place: this loop is most of a new row's time
-        if len(states) == 1 and made[states[0]] == ():  # a state with no moves: itself
+        if len(states) == 1 and nfa._eps[states[0]] == b"":  # a state with no moves: itself
             return states if nfa.has_edges(states[0]) or states[0] in nfa.tags else ()
         # One search from all of them: closures of single states overlap (nested optional
         # repeats), and keeping each one would cost their summed sizes.
@@ -447,9 +460,7 @@ class LazyDFA:
             steps += 1
             if steps % _CHECK_EVERY == 0:
                 nfa.check()
-            state = stack.pop()
-            moves = made[state]
-            for t in nfa.moves(state) if moves is None else moves:
+            for t in nfa.moves(stack.pop()):
                 if t not in seen:
                     seen.add(t)
                     stack.append(t)
@@ -479,11 +490,9 @@ class LazyDFA:
             self._native.fill_row(self, self.nfa, self.sets[state], row)
             return
         nfa = self.nfa
-        made = nfa._edges
         edges = []
         for s in self.sets[state]:
-            got = made[s]
-            edges.extend(nfa.edges(s) if got is None else got)
+            edges.extend(nfa.edges(s))
         edges.sort()
         by_targets = self._by_targets
         if all(e[1] < f[0] for e, f in zip(edges, edges[1:], strict=False)):
