@@ -15,6 +15,11 @@ are built lazily like the regex DFA's.
                 that symbol, with the dot already moved past it (what a scan or completion adds)
     root --scan(t1)--> set1 --scan(t2)--> set2 ...   (each scan cached on the set)
 
+Earley sets are named by their number in the parser's `sets`, and the automaton's states are
+sorted tuples, so what a cached grammar keeps (items, waiting lists, states) is tuples of ints,
+which Python's cyclic collector stops tracking: a full collection would otherwise walk every
+item of every cached grammar.
+
 EBNF is lowered to BNF without recursion (deep schemas nest their IR hundreds of levels).
 """
 
@@ -32,7 +37,7 @@ from .nfa import NFA, Deadline, LazyDFA, nfa_nbytes
 from .regex_ir import Alt, Chars, Dfa, Ref, Repeat, Seq, fold
 from .states import DICT_ENTRY_BYTES, StateRows
 
-_ITEM_BYTES = sys.getsizeof((0, 0, None)) + 8  # an item tuple and its list slot
+_ITEM_BYTES = sys.getsizeof((0, 0, 0)) + 8  # an item tuple and its slot
 _SET_BYTES = 4 * DICT_ENTRY_BYTES  # an EarleySet, its dicts and its interning key
 _CHECK_EVERY = 4096  # agenda items between clock checks in a closure
 
@@ -212,15 +217,18 @@ def _derivable(rules: list[tuple[int, tuple]], base: Callable[[int], bool]) -> s
 
 
 class EarleySet:
-    """One Earley item set, immutable once built."""
+    """One Earley item set, immutable once built; its items' origins are sets' numbers."""
 
     __slots__ = ("waiting", "expected", "accepting", "next")
 
     def __init__(self):
-        self.waiting: dict[int, list[tuple]] = {}
+        self.waiting: dict[int, tuple[tuple[int, int, int], ...]] = {}
         self.expected: frozenset[int] = frozenset()
         self.accepting = False
-        self.next: dict[int, EarleySet | None] = {}
+        self.next: dict[int, int] = {}  # terminal -> the set after it (its number), -1: none
+
+
+_THIS_SET = -1  # a seed item's origin: the set being built
 
 
 class EarleyParser:
@@ -250,8 +258,9 @@ class EarleyParser:
         self.nullable = self._nullable()
         self.budget = budget
         self.chart_items = 0  # items kept by the interned sets
-        self._interned: dict[frozenset, EarleySet] = {}
-        self.root = self._closure([(0, 0, None)])
+        self.sets: list[EarleySet] = []  # by number
+        self._interned: dict[tuple, int] = {}  # sorted seed items -> set number
+        self.root = self._closure([(0, 0, _THIS_SET)])
 
     def _productive(self, rules):
         good = _derivable(rules, lambda s: s < self.T)
@@ -260,21 +269,23 @@ class EarleyParser:
     def _nullable(self) -> set[int]:
         return _derivable(self.rules, lambda _s: False)
 
-    def _closure(self, seeds: list[tuple]) -> EarleySet:
+    def _closure(self, seeds) -> int:
+        """The number of the Earley set that `seeds` (items) start."""
         # Sets are interned by their seed items: different lexings that reach the same
         # items (e.g. NAME+ split anywhere) share one set, so the state space stays small.
-        key = frozenset(seeds)
+        key = tuple(sorted(set(seeds)))
         got = self._interned.get(key)
         if got is not None:
             return got
         node = EarleySet()
+        me = len(self.sets)  # this set's number once kept
         seen: set[tuple] = set()
         completed: set[tuple] = set()  # (lhs, origin) pairs already completed
-        agenda = [(r, d, node if o is None else o) for r, d, o in seeds]
+        agenda = [(r, d, me if o == _THIS_SET else o) for r, d, o in key]
         rules, by_lhs, nullable, T = self.rules, self.by_lhs, self.nullable, self.T
         budget = self.budget
         max_items = budget.limit("max_earley_items")
-        waiting = node.waiting
+        waiting: dict[int, list[tuple[int, int, int]]] = {}
         expected = set()
         popped = 0
         while agenda:
@@ -295,36 +306,41 @@ class EarleyParser:
                 if sym < T:
                     expected.add(sym)
                 else:
-                    agenda.extend((r2, 0, node) for r2 in by_lhs.get(sym, ()))
+                    agenda.extend((r2, 0, me) for r2 in by_lhs.get(sym, ()))
                     if sym in nullable:
                         agenda.append((r, d + 1, origin))
             elif r == 0:
                 node.accepting = True
-            elif origin is not node and (rules[r][0], origin) not in completed:
+            elif origin != me and (rules[r][0], origin) not in completed:
                 # Every rule of lhs completed from `origin` advances the same items there.
                 lhs = rules[r][0]
                 completed.add((lhs, origin))
-                agenda.extend(origin.waiting.get(lhs, ()))
+                agenda.extend(self.sets[origin].waiting.get(lhs, ()))
+        node.waiting = {sym: tuple(items) for sym, items in waiting.items()}
         node.expected = frozenset(expected)
-        self._keep(key, node)
-        return node
+        return self._keep(key, node)
 
-    def _keep(self, key: frozenset, node: EarleySet) -> None:
-        """Intern a finished set, within the chart's budget."""
+    def _keep(self, key: tuple, node: EarleySet) -> int:
+        """Intern a finished set, within the chart's budget; its number."""
         items = sum(map(len, node.waiting.values()))
         self.budget.check("max_chart_items", self.chart_items + items, "items in the Earley chart")
         self.budget.charge(items * _ITEM_BYTES + len(key) * _ITEM_BYTES + _SET_BYTES)
         self.chart_items += items
-        self._interned[key] = node
+        got = self._interned[key] = len(self.sets)
+        self.sets.append(node)
+        return got
 
-    def scan(self, node: EarleySet, terminal: int) -> EarleySet | None:
-        """The Earley set after `terminal`, or None when the parser cannot take it."""
-        if terminal in node.next:
-            return node.next[terminal]
+    def scan(self, at: int, terminal: int) -> int:
+        """The number of the Earley set after `terminal` from set `at`; -1 when the parser
+        cannot take it."""
+        node = self.sets[at]
+        got = node.next.get(terminal)
+        if got is not None:
+            return got
         items = node.waiting.get(terminal)
-        nxt = self._closure(items) if items else None
-        if nxt is not None and not nxt.expected and not nxt.accepting:
-            nxt = None
+        nxt = self._closure(items) if items else -1
+        if nxt >= 0 and not self.sets[nxt].expected and not self.sets[nxt].accepting:
+            nxt = -1
         node.next[terminal] = nxt
         return nxt
 
@@ -347,7 +363,7 @@ class GrammarAutomaton:
         self.parser = EarleyParser(bnf, len(bnf.terminals), self.budget)
         self.ignore = frozenset(bnf.ignore)
         self._lex_start: dict[frozenset, int] = {}
-        self._expand: dict[tuple, frozenset] = {}
+        self._expand: dict[tuple[int, int], tuple] = {}
         self._groups: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}  # lexer state -> groups
         self.states = StateRows(self.budget, "parser positions")
         self.sets = self.states.sets
@@ -356,36 +372,38 @@ class GrammarAutomaton:
         if self.initial < 0:
             raise ValueError("grammar matches no text")
 
-    def lex_start(self, node: EarleySet) -> int:
-        key = node.expected | self.ignore
+    def lex_start(self, node: int) -> int:
+        """The lexer state that starts a lexeme after Earley set `node` (its number)."""
+        key = self.parser.sets[node].expected | self.ignore
         got = self._lex_start.get(key)
         if got is None:
             got = self._lex_start[key] = self.lexer.intern([self._starts[t] for t in key])
         return got
 
-    def _fresh(self, node: EarleySet) -> frozenset:
+    def _fresh(self, node: int) -> tuple:
         lex = self.lex_start(node)
-        if lex < 0 and not node.accepting:
-            return frozenset()
-        return frozenset([(node, lex, True)])
+        if lex < 0 and not self.parser.sets[node].accepting:
+            return ()
+        return ((node, lex, True),)
 
-    def _intern(self, elems: frozenset) -> int:
+    def _intern(self, elems: tuple) -> int:
+        """The number of the parser state of `elems` (distinct elements, sorted)."""
         return self.states.intern(elems) if elems else -1
 
-    def _successors(self, node: EarleySet, lex: int) -> frozenset:
-        """Elements after the lexer reached `lex` (live) from `node`'s lexeme start."""
+    def _successors(self, node: int, lex: int) -> tuple:
+        """Elements (sorted) after the lexer reached `lex` (live) from `node`'s lexeme start."""
         key = (node, lex)
         got = self._expand.get(key)
         if got is None:
             out = {(node, lex, False)}
             for t in self.lexer.tags(lex):
                 if t in self.ignore:
-                    out |= self._fresh(node)
-                if t in node.expected:
+                    out.update(self._fresh(node))
+                if t in self.parser.sets[node].expected:
                     nxt = self.parser.scan(node, t)
-                    if nxt is not None:
-                        out |= self._fresh(nxt)
-            got = frozenset(out)
+                    if nxt >= 0:
+                        out.update(self._fresh(nxt))
+            got = tuple(sorted(out))
             self.budget.charge(sys.getsizeof(got) + len(out) * _ITEM_BYTES + DICT_ENTRY_BYTES)
             self._expand[key] = got
         return got
@@ -431,7 +449,7 @@ class GrammarAutomaton:
             group = np.unique(key, return_inverse=True)[1].reshape(-1)
         _, first, inverse = np.unique(group, return_index=True, return_inverse=True)
         ids = [
-            self._intern(frozenset().union(*(succ_sets[c] for c in column if c >= 0)))
+            self._intern(tuple(sorted(set().union(*(succ_sets[c] for c in column if c >= 0)))))
             for column in np.stack(codes).take(first, axis=1).T.tolist()
         ]
         np.asarray(ids, dtype=np.int32).take(inverse.reshape(-1), out=row)
@@ -443,4 +461,5 @@ class GrammarAutomaton:
         return self.states.pointers
 
     def is_accepting(self, state: int) -> bool:
-        return any(fresh and node.accepting for node, _lex, fresh in self.sets[state])
+        sets = self.parser.sets
+        return any(fresh and sets[node].accepting for node, _lex, fresh in self.sets[state])

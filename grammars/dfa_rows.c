@@ -238,8 +238,27 @@ static int dict_pop(PyObject *dict, PyObject *key, PyObject **out) {
     return 1;
 }
 
+/* Takes tuple `t` out of the cyclic collector's sight when nothing in it can be in a reference
+ * cycle: ints, None, strings, bytes and tuples of such. Python does this for a tuple at the
+ * first collection that sees it; done at once, a dict keyed by such tuples is not tracked
+ * again by each key C adds to it (and walked by the collections after). */
+static void untrack_atoms(PyObject *t) {
+    if (!PyObject_GC_IsTracked(t)) return;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++) {
+        PyObject *x = PyTuple_GET_ITEM(t, i);
+        if (PyTuple_CheckExact(x)) {
+            untrack_atoms(x);
+            if (PyObject_GC_IsTracked(x)) return;
+        } else if (PyObject_IS_GC(x)) {
+            return;
+        }
+    }
+    PyObject_GC_UnTrack(t);
+}
+
 /* dict[key] = state; 0, or -1 on error */
 static int set_state(PyObject *ints, PyObject *dict, PyObject *key, long state) {
+    if (PyTuple_CheckExact(key)) untrack_atoms(key);
     PyObject *v = state_int(ints, state);
     int r = v == NULL ? -1 : PyDict_SetItem(dict, key, v);
     Py_XDECREF(v);
@@ -696,6 +715,7 @@ static long c_counter(Ctx *c, PyObject *node, PyObject *arg, long nxt) {
     if (past < 0) return ERR;
     if (past) {
         PyObject *k = state_int(c->ints, got), *order = counter ? PyTuple_Pack(2, counter, count) : NULL;
+        if (order != NULL) untrack_atoms(order);
         if (k == NULL || order == NULL || PyDict_SetItem(c->order, k, order) < 0) got = ERR;
         Py_XDECREF(k);
         Py_XDECREF(order);
@@ -1200,6 +1220,7 @@ static int table_load(Table *d, PyObject *dfa) {
 /* `StateRows.intern` of closure `key`; a new state within the limits is added here, one that
  * would pass a limit or grow the rows' addresses goes to the Python method. */
 static long c_intern(Ctx *c, Table *d, PyObject *key) {
+    untrack_atoms(key); /* before the Python method may key its dict with it */
     int found;
     long got = get_state(d->ids, key, &found);
     if (found || got == ERR) return got;

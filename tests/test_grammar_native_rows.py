@@ -112,12 +112,19 @@ def test_state_lists_are_left_out_of_the_cyclic_collector_and_still_freed(native
     does not walk them (in a cache of walked grammars each full collection would walk
     hundreds of thousands of items); an automaton no longer used is freed all the same."""
     automaton = schema_automaton(SCHEMAS[0])
-    explored(automaton)
+    explored(automaton, limit=20)
     dfa = automaton.dfa
     lists = (dfa.nfa._eps, dfa.nfa._edges, dfa.nfa._ints, dfa.sets, dfa.states._rows, dfa._ints)
     assert all(len(lst) > 5 and not gc.is_tracked(lst) for lst in lists)
+    # A full collection leaves the dicts keyed by tuples of ints; the keys C adds later keep
+    # them so (a key Python made would track its dict again, to be walked by the next ones).
+    gc.collect()
+    dicts = (dfa.nfa._ids, dfa.nfa._runs, dfa.nfa._shared, dfa._by_targets, dfa.states._ids)
+    sizes = [len(d) for d in dicts]
+    explored(automaton)
+    assert [len(d) for d in dicts] > sizes and not any(gc.is_tracked(d) for d in dicts)
     gone = weakref.ref(dfa.nfa)
-    del automaton, dfa, lists
+    del automaton, dfa, lists, dicts
     gc.collect()
     assert gone() is None
 
