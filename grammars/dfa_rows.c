@@ -279,7 +279,8 @@ typedef struct {
     PyObject *nfa, *parts;
     PyObject *eps, *edges, *todo, *runs, *run_todo, *ids, *shared, *lifts, *lifted, *order, *tags;
     PyObject *ends, *bodies, *body_irs, *counted; /* `counted`: the NFA's facts' memo */
-    PyObject *ints; /* the NFA states' shared ints (`state_int`) */
+    PyObject *ints;     /* the NFA states' shared ints (`state_int`) */
+    PyObject *node_ids; /* id(node) -> that int, shared by the keys naming the node */
     long steps;       /* closure steps in this call, for the clock checks */
     long nfa_bytes;   /* NFA states, moves, edges: counted on the NFA and its budget */
     long table_bytes; /* target sets: `budget.charge` */
@@ -290,7 +291,7 @@ static int ctx_load(Ctx *c, PyObject *nfa) {
     c->nfa = nfa;
     c->parts = PyObject_GetAttr(nfa, s_parts);
     if (c->parts == NULL) return -1;
-    if (!PyTuple_Check(c->parts) || PyTuple_GET_SIZE(c->parts) != 16) {
+    if (!PyTuple_Check(c->parts) || PyTuple_GET_SIZE(c->parts) != 17) {
         PyErr_SetString(PyExc_TypeError, "dfa_rows: unexpected NFA layout");
         Py_CLEAR(c->parts);
         return -1;
@@ -298,8 +299,8 @@ static int ctx_load(Ctx *c, PyObject *nfa) {
     PyObject **p[] = {&c->eps,    &c->edges,  &c->todo,   &c->runs,  &c->run_todo,
                       &c->ids,    &c->shared, &c->lifts,  &c->lifted, &c->order,
                       &c->tags,   &c->ends,   &c->bodies, &c->body_irs, &c->counted,
-                      &c->ints};
-    for (int i = 0; i < 16; i++) {
+                      &c->ints,   &c->node_ids};
+    for (int i = 0; i < 17; i++) {
         *p[i] = PyTuple_GET_ITEM(c->parts, i);
         if (i < 2 || i == 15 ? !PyList_Check(*p[i]) : !PyDict_Check(*p[i])) {
             PyErr_SetString(PyExc_TypeError, "dfa_rows: unexpected NFA layout");
@@ -382,6 +383,19 @@ static long c_new_state(Ctx *c, PyObject *moves, PyObject *edges) {
     return n;
 }
 
+/* `key` (a tuple this call made and holds alone) with its first item, an id(node), replaced by
+ * the NFA's one int for that node: 0, or -1 on error */
+static int share_node_id(Ctx *c, PyObject *key) {
+    PyObject *id = PyTuple_GET_ITEM(key, 0);
+    PyObject *shared = PyDict_SetDefault(c->node_ids, id, id);
+    if (shared == NULL) return -1;
+    if (shared != id) {
+        PyTuple_SET_ITEM(key, 0, Py_NewRef(shared));
+        Py_DECREF(id);
+    }
+    return 0;
+}
+
 /* The state of `node` at `arg` then `nxt`, found in `known` by (id(node), arg, nxt), else new
  * with lists `moves` and `edges` (None: made later from its `todo` entry (node, arg, nxt)). */
 static long c_waiting(Ctx *c, PyObject *node, PyObject *arg, long nxt, PyObject *known,
@@ -392,7 +406,8 @@ static long c_waiting(Ctx *c, PyObject *node, PyObject *arg, long nxt, PyObject 
     long got = get_state(known, key, &found);
     if (!found && got != ERR) {
         got = c_new_state(c, moves, edges);
-        if (got != ERR && set_state(c->ints, known, key, got) < 0) got = ERR;
+        if (got != ERR && (share_node_id(c, key) < 0 || set_state(c->ints, known, key, got) < 0))
+            got = ERR;
         if (got != ERR) {
             PyObject *entry = triple(c->ints, node, arg, nxt), *k = state_int(c->ints, got);
             if (entry == NULL || k == NULL || PyDict_SetItem(todo, k, entry) < 0) got = ERR;

@@ -132,12 +132,14 @@ class NFA:
         self._lifts: dict[tuple[int, int, int], int] = {}  # (state, end, target) -> lifted
         self._lifted: dict[int, tuple[int, int, int]] = {}  # lifted -> (state, end, target)
         self._order: dict[int, tuple[tuple, int]] = {}  # counter -> (its counter, its count)
-        self._ints: list[int] = []  # the C rows' int object of each state number, shared
+        # the C rows' int object of each state number and of each node's id, shared
+        self._ints: list[int] = []
+        self._node_ids: dict[int, int] = {}
         # what the C rows (`dfa_rows.c`) read and write, in one attribute
         self._parts = (self._eps, self._edges, self._todo, self._runs, self._run_todo, self._ids,
                        self._shared, self._lifts, self._lifted, self._order, self.tags,
                        self._ends, self._bodies, self._body_irs, self.facts._counted,
-                       self._ints)  # fmt: skip
+                       self._ints, self._node_ids)  # fmt: skip
 
     def __len__(self) -> int:
         return len(self._eps)
