@@ -90,9 +90,10 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
     def clear_cache(self) -> None:
         """Forget every cached grammar (matchers keep theirs alive while they are used)."""
         with self._lock:
-            self._cache.clear()
+            dropped, self._cache = self._cache, OrderedDict()
             self._sizes.clear()
             self._total = 0
+        dropped.clear()  # freed outside the lock (see `_cached`)
 
     def _cached(self, kind: str, source: str, build: Callable) -> CompiledGrammar:
         key = (kind, source)
@@ -100,8 +101,10 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
             got = self._cache.get(key)
             if got is not None:
                 self._cache.move_to_end(key)
-                self._shrink(key)  # cached grammars grow as requests use them
-                return got
+                dropped = self._shrink(key)  # cached grammars grow as requests use them
+        if got is not None:
+            dropped.clear()
+            return got
         deadline = Deadline(self.compile_timeout)
         automaton = build(deadline)
         deadline.check()  # lazy builds may do no work that checks the clock on the way
@@ -109,14 +112,17 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
         with self._lock:
             got = self._cache.setdefault(key, got)
             self._cache.move_to_end(key)
-            self._shrink(key)
-            return got
+            dropped = self._shrink(key)
+        # Freed here, outside the lock: a walked grammar holds up to hundreds of thousands of
+        # objects and takes milliseconds to free, which other threads' lookups need not wait.
+        dropped.clear()
+        return got
 
-    def _shrink(self, used: tuple[str, str]) -> None:
+    def _shrink(self, used: tuple[str, str]) -> list[CompiledGrammar]:
         """Count the grammar under `used` again and drop least recently used grammars until
-        the rest fit in the cache's bytes. Grammars grow as requests use them: every grammar
-        is counted again once every len(cache) // 16 calls, so that a call costs the same
-        however many grammars the cache holds."""
+        the rest fit in the cache's bytes; returns those dropped. Grammars grow as requests use
+        them: every grammar is counted again once every len(cache) // 16 calls, so that a call
+        costs the same however many grammars the cache holds."""
         self._calls += 1
         if self._calls >= len(self._cache) // 16:
             self._sizes = {k: g.nbytes for k, g in self._cache.items()}
@@ -126,8 +132,12 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
             size = self._cache[used].nbytes
             self._total += size - self._sizes.get(used, 0)
             self._sizes[used] = size
+        dropped = []
         while self._total > self._cache_bytes:
-            self._total -= self._sizes.pop(self._cache.popitem(last=False)[0])
+            key, grammar = self._cache.popitem(last=False)
+            self._total -= self._sizes.pop(key)
+            dropped.append(grammar)
+        return dropped
 
     def compile(self, kind: str, source, *options) -> CompiledGrammar:
         """`source` as `kind`: regex, choices, json_schema (+ whitespace_pattern), lark, ebnf."""

@@ -158,6 +158,18 @@ def test_cache_holds_its_bytes_least_recently_used_out(tok):
     assert compiler.cache_len < len(refs)
 
 
+def test_an_evicted_grammar_is_freed_outside_the_cache_lock(tok):
+    """Freeing a walked grammar takes milliseconds; other threads' cache lookups do not wait."""
+    compiler = GrammarCompiler(tok, cache_mb=0.5)
+    first = compiler.compile_regex("[ab]{0,300}")
+    _walk_a(first.matcher(), 300)  # past the cache's bytes
+    lock_held = []
+    weakref.finalize(first, lambda: lock_held.append(compiler._lock.locked()))
+    del first
+    compiler.compile_regex("b")
+    assert lock_held == [False]
+
+
 def test_flush_cache_empties_the_grammar_cache(engine):
     engine.generate(NORMAL_PROMPT, NORMAL)
     compiler = engine.grammars.compiler
