@@ -66,6 +66,8 @@ class Grammar(Protocol):
 
     def matcher(self) -> Matcher: ...
 
+    def prepare(self) -> None: ...
+
 
 class Compiler(Protocol):
     """Compiles sources for one tokenizer and caches them by source."""

@@ -8,6 +8,7 @@ matcher but `rollback` raises it again, so whatever its request does next fails 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import functools
 from collections import OrderedDict
 from collections.abc import Callable
@@ -60,6 +61,14 @@ class CompiledGrammar:
     def matcher(self) -> GrammarMatcher:
         """A fresh matcher at the start of the grammar."""
         return GrammarMatcher(self)
+
+    def prepare(self) -> None:
+        """Compute the start state's mask now (the engine calls this on the thread that
+        compiled the grammar, while it prefills the request), so that the request's first
+        token does not wait for it. A budget the walk exceeds is left to the request's own
+        mask call to report."""
+        with contextlib.suppress(GrammarBudgetExceeded):
+            self.mask(self.automaton.initial)
 
     def mask(self, state: int) -> np.ndarray:
         """Packed int32 mask of the tokens allowed in `state`."""

@@ -53,6 +53,9 @@ class PeerGrammar(ABC):
     def matcher(self) -> PeerMatcher:
         """A fresh matcher at the start of the grammar."""
 
+    def prepare(self) -> None:  # noqa: B027 - the same for every peer, none overrides it
+        """Nothing: a peer computes each matcher's masks itself, none is shared to compute now."""
+
 
 class PeerMatcher(ABC):
     """One request's cursor over a peer's matcher; subclasses wrap the peer's calls."""

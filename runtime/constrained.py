@@ -141,9 +141,11 @@ class GrammarService:
         if spec is None:
             return None
         try:
-            return self.compiler.compile(*spec)
+            grammar = self.compiler.compile(*spec)
         except (ValueError, TypeError, KeyError, RecursionError) as exc:
             raise _request_error(spec[0], exc) from exc
+        grammar.prepare()  # the first mask, here on the pool while the engine prefills
+        return grammar
 
     def mask_logits(
         self, logits: torch.Tensor, reqs: list[Req]

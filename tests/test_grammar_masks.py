@@ -74,3 +74,17 @@ def test_mask_logits_masks_constrained_rows_only(backend):
     expected = masked_reference(logits, allowed)
     gb.mask_logits(logits, reqs)
     assert torch.equal(logits, expected)
+
+
+def test_the_first_mask_is_computed_with_the_compile(backend):
+    """On the compile pool, while the engine prefills: a request's first token finds its
+    mask made."""
+    tok, vocab, gb = backend
+    params = SimpleNamespace(grammar=("regex", r"[a-z]{2,40}@example\.(com|org)"))
+    grammar = gb.submit(params).result()
+    held = grammar.nbytes
+    row = torch.zeros((vocab + 31) // 32, dtype=torch.int32)
+    grammar.matcher().fill_mask(row)
+    allowed = bits_of(row, vocab)
+    assert grammar.nbytes == held  # nothing computed for it
+    assert allowed and all(tok.decode([t])[:1].isalpha() for t in allowed)
