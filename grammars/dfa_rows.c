@@ -1256,22 +1256,25 @@ static long c_intern(Ctx *c, Table *d, PyObject *key) {
 }
 
 /* `LazyDFA._target_id` of the target set `v[0:n]` (sorted): its DFA id, -1 when its closure is
- * empty, ERR on error. */
+ * empty, ERR on error. One target is keyed by its int, several by their tuple. */
 static long c_target_id(Ctx *c, Table *d, const long *v, Py_ssize_t n) {
-    PyObject *key = tuple_of(c->ints, v, n), *ck;
+    PyObject *key = n == 1 ? state_int(c->ints, v[0]) : tuple_of(c->ints, v, n);
+    PyObject *targets = NULL, *ck;
     if (key == NULL) return ERR;
     int found;
     long got = get_state(d->by_targets, key, &found);
     if (found || got == ERR) goto done;
-    if ((ck = c_closure(c, d->budget, key)) == NULL) {
+    targets = n == 1 ? tuple_of(c->ints, v, 1) : Py_NewRef(key);
+    if (targets == NULL || (ck = c_closure(c, d->budget, targets)) == NULL) {
         got = ERR;
         goto done;
     }
     if (PyTuple_GET_SIZE(ck) > 0) got = c_intern(c, d, ck);
     Py_DECREF(ck);
     if (got != ERR && set_state(d->ints, d->by_targets, key, got) < 0) got = ERR;
-    if (got != ERR) c->table_bytes += tuple_base + tuple_item * n + entry_bytes;
+    if (got != ERR) c->table_bytes += entry_bytes + (n == 1 ? 0 : tuple_base + tuple_item * n);
 done:
+    Py_XDECREF(targets);
     Py_DECREF(key);
     return got;
 }

@@ -431,7 +431,7 @@ class LazyDFA:
         self.nfa = nfa
         self.budget = budget or GrammarBudget()
         nfa.budget = self.budget
-        self._by_targets: dict[tuple[int, ...], int] = {}
+        self._by_targets: dict[int | tuple[int, ...], int] = {}  # a single target: its int
         self._tags: dict[int, tuple[int, ...]] = {}
         self.states = StateRows(self.budget, "NFA states")
         self.sets = self.states.sets
@@ -474,14 +474,17 @@ class LazyDFA:
         return self._target_id(tuple(sorted({s for s in nfa_states if s >= 0})))
 
     def _target_id(self, targets: tuple[int, ...]) -> int:
-        """DFA id of the closure of `targets` (sorted, distinct, none negative)."""
-        got = self._by_targets.get(targets)
+        """DFA id of the closure of `targets` (sorted, distinct, none negative); kept by the
+        one target's int (most are one: no tuple), else by the tuple."""
+        single = len(targets) == 1
+        key = targets[0] if single else targets
+        got = self._by_targets.get(key)
         if got is not None:
             return got
-        key = self.closure(targets)
-        got = self.states.intern(key) if key else -1
-        self.budget.charge(sys.getsizeof(targets) + DICT_ENTRY_BYTES)
-        self._by_targets[targets] = got
+        closed = self.closure(targets)
+        got = self.states.intern(closed) if closed else -1
+        self.budget.charge(DICT_ENTRY_BYTES + (0 if single else sys.getsizeof(targets)))
+        self._by_targets[key] = got
         return got
 
     def row(self, state: int) -> np.ndarray:
@@ -500,7 +503,7 @@ class LazyDFA:
         if all(e[1] < f[0] for e, f in zip(edges, edges[1:], strict=False)):
             # No two edges share a byte (a literal, a character class): one target each.
             for lo, hi, t in edges:
-                got = by_targets.get((t,))
+                got = by_targets.get(t)
                 row[lo : hi + 1] = self._target_id((t,)) if got is None else got
             return
         # Sweep the byte axis: targets enter at an edge's low byte and leave after its high one.
