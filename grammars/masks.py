@@ -1,8 +1,8 @@
 """Allowed-token masks: a vectorized walk of the token trie through a byte automaton.
 
 `compute_mask` walks in C where the native walk is built (`native_walk`, depth-first over the
-automaton's own rows; the walk table below is then never filled); the numpy walk below is its
-fallback and twin, and the tests hold both to a per-token reference.
+automaton's own rows, with the text shortcuts below; the walk table is then never filled); the
+numpy walk below is its fallback and twin, and the tests hold both to a per-token reference.
 
 The walk goes one trie depth at a time and keeps, for every trie node, the automaton state
 reached by reading its bytes from the start state (dead where the automaton stops). Each
@@ -51,9 +51,9 @@ import numpy as np
 import torch
 
 from .automaton import ByteAutomaton
-from .native_walk import native_mask, trie_walk
+from .native_walk import TextStates, native_mask, trie_walk
 from .states import DICT_ENTRY_BYTES
-from .tokenizer_index import NOT_TEXT, PLAIN_BYTES, TEXT_MOVES, TokenizerIndex
+from .tokenizer_index import NOT_TEXT, NUM_PHASES, PLAIN_BYTES, TEXT_MOVES, TokenizerIndex
 
 _DEAD = 0
 _PENDING = -1
@@ -87,11 +87,13 @@ class WalkTable:
         self._plain: dict[int, int | None] = {}
         self._text: dict[int, list[int] | None] = {}
         self._reads_text = np.zeros(256, dtype=np.int8)  # per state: 0 unknown, 1 yes, 2 no
+        self.native_text = TextStates()  # the native walk's own record of the same
 
     @property
     def nbytes(self) -> int:
         dicts = (len(self._plain) + len(self._text)) * DICT_ENTRY_BYTES
-        return self.flat.nbytes + self._reads_text.nbytes + dicts
+        kept = self.flat.nbytes + self._reads_text.nbytes + self.native_text.nbytes
+        return kept + dicts
 
     def reads_text(self, states: np.ndarray) -> np.ndarray:
         """Whether `text_states` of each of `states` (ints >= 0) is not None."""
@@ -116,7 +118,7 @@ class WalkTable:
             return self._text[state]
         got: list[int] | None = None
         if self.plain_successor(state) == state:
-            got = [state] + [-1] * max(nxt for _at, _data, nxt in TEXT_MOVES)
+            got = [state] + [-1] * (NUM_PHASES - 1)
             for at, data, nxt in TEXT_MOVES:
                 targets = self.automaton.row(got[at])[data]
                 target = int(targets[0])
@@ -357,7 +359,7 @@ def compute_mask(index: TokenizerIndex, table: WalkTable, state: int) -> np.ndar
     fn = trie_walk()
     if fn is None:
         return numpy_mask(index, table, state)
-    words = native_mask(fn, index, table.automaton, state)
+    words, _steps = native_mask(fn, index, table.automaton, table.native_text, state)
     if index.same_bytes_token.size:  # the walk set one token per node: copy its bit over
         src = index.same_bytes_as
         on = (words.view(np.uint32).take(src >> 5) >> (src & 31).astype(np.uint32)) & 1

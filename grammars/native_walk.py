@@ -6,7 +6,11 @@ walk goes depth-first and skips a dead node's subtree in one step, so a mask cos
 nodes it reaches alive. The C walk reads the automaton's rows where they are kept (through
 `row_pointers()`, no copy); where a row is not computed yet it calls back into Python, which
 computes it and hands back the rows' addresses, and the walk goes on from the same node (the
-callback is in C where `dfa_rows` is built, else a ctypes callback into `_fill`).
+callback is in C where `dfa_rows` is built, else a ctypes callback into `_fill`). Under a
+state that reads JSON string text (free string content, object names beside declared ones) it
+takes the text tokens of a subtree whole and walks only the nodes that are not text, as the
+numpy walk does (`masks`); what it learns of which states read text is kept per automaton
+(`TextStates`): a free string's mask reads the few nodes that are not text, not the whole trie.
 `describe()` says which walk is in use.
 """
 
@@ -17,6 +21,7 @@ import functools
 import threading
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,13 +29,13 @@ import numpy as np
 from .automaton import ByteAutomaton
 from .native_build import load_native
 from .native_rows import dfa_rows
-from .tokenizer_index import TokenizerIndex
+from .tokenizer_index import NEXT_PHASE, NOT_TEXT, NUM_PHASES, TokenizerIndex
 
 SOURCE = Path(__file__).with_name("trie_walk.c")
 _P = ctypes.c_void_p
 # int64_t fill(int32_t state, int64_t *num_rows): the rows' addresses once state's row is made
 _FILL = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int32, ctypes.POINTER(ctypes.c_int64))
-_ARGTYPES = (_P, ctypes.c_int64, _P, ctypes.c_int32, _P, _P, _FILL)
+_ARGTYPES = (_P, ctypes.c_int64, _P, ctypes.c_int32, _P, _P, _FILL, _P)
 
 
 def _load(lib: Path) -> Callable[..., int]:
@@ -54,7 +59,7 @@ def describe() -> str:
 
 
 class _Trie(ctypes.Structure):
-    """`struct trie` of trie_walk.c: the index's preorder arrays."""
+    """`struct trie` of trie_walk.c: the index's preorder arrays and its text subtrees'."""
 
     _fields_ = [
         ("byte", _P),
@@ -62,31 +67,130 @@ class _Trie(ctypes.Structure):
         ("size", _P),
         ("token", _P),
         ("max_depth", ctypes.c_int64),
+        ("phase", _P),
+        ("rough_next", _P),
+        ("up_phase", _P),
+        ("words_of", _P),
+        ("text_words", _P),
+        ("num_words", ctypes.c_int64),
+        ("next_phase", _P),
+        ("num_phases", ctypes.c_int64),
     ]
 
 
-_TRIES: dict[int, _Trie] = {}
+@dataclass
+class _TextTrie:
+    """What the C walk's text shortcut reads of an index, by preorder number (see trie_walk.c):
+    the arrays the `struct trie` points into are held here."""
+
+    phase: np.ndarray  # uint8[num_nodes]
+    rough_next: np.ndarray  # int32[num_nodes + 1]
+    up_phase: np.ndarray  # uint8[num_nodes]
+    words_of: np.ndarray  # int32[num_nodes]
+    text_words: np.ndarray  # uint32[rows, num_words]
 
 
-def _trie(index: TokenizerIndex) -> _Trie:
+def _text_trie(index: TokenizerIndex) -> _TextTrie:
+    """Text subtrees of `index` for the C walk. A subtree with at least a mask's words of text
+    tokens (or-ing its packed row costs less than setting their bits one by one), and the
+    whole trie, get a packed row of their text tokens."""
+    n = index.num_nodes
+    order = np.empty(n, dtype=np.int64)
+    order[index.pre] = np.arange(n)
+    text = index.text_phase != NOT_TEXT
+    rough = np.flatnonzero(~text & text[index.parent])
+    rough_pre = np.sort(index.pre[rough])
+    bounds = np.append(rough_pre, n)
+    rough_next = bounds[np.searchsorted(rough_pre, np.arange(n + 1))].astype(np.int32)
+    up_phase = np.full(n, NOT_TEXT, dtype=np.uint8)
+    up_phase[index.pre[rough]] = index.text_phase[index.parent[rough]]
+    spelled = (index.pre_token < index.num_words * 32) & text[order]  # text tokens, preorder
+    before = np.concatenate([[0], np.cumsum(spelled)])
+    count = before[index.pre_size + np.arange(n)] - before[:n]
+    big = np.flatnonzero(count >= index.num_words)
+    big = np.union1d(big, [0])  # the whole trie: a walk from a state that reads text
+    words_of = np.full(n, -1, dtype=np.int32)
+    words_of[big] = np.arange(big.shape[0])
+    rows = np.zeros((big.shape[0], index.num_words * 32), dtype=bool)
+    for k, p in enumerate(big.tolist()):
+        tokens = index.pre_token[p : p + int(index.pre_size[p])]
+        rows[k, tokens[spelled[p : p + int(index.pre_size[p])]]] = True
+    text_words = np.packbits(rows, axis=1, bitorder="little").view("<u4")
+    return _TextTrie(index.text_phase[order], rough_next, up_phase, words_of, text_words)
+
+
+class _TrieView:
+    """The `struct trie` of an index with the arrays it points into."""
+
+    def __init__(self, index: TokenizerIndex):
+        self.text = text = _text_trie(index)
+        self.struct = _Trie(
+            *(a.ctypes.data for a in (index.pre_byte, index.pre_depth, index.pre_size)),
+            index.pre_token.ctypes.data,
+            index.depth_start.shape[0] - 2,
+            text.phase.ctypes.data,
+            text.rough_next.ctypes.data,
+            text.up_phase.ctypes.data,
+            text.words_of.ctypes.data,
+            text.text_words.ctypes.data,
+            index.num_words,
+            NEXT_PHASE.ctypes.data,
+            NUM_PHASES,
+        )
+
+
+_TRIES: dict[int, _TrieView] = {}
+
+
+def _trie(index: TokenizerIndex) -> _TrieView:
     """The `struct trie` of `index`, made once and dropped with the index."""
     got = _TRIES.get(id(index))
     if got is None:
-        got = _Trie(
-            *(
-                a.ctypes.data
-                for a in (
-                    index.pre_byte,
-                    index.pre_depth,
-                    index.pre_size,
-                    index.pre_token,
-                )
-            ),
-            index.depth_start.shape[0] - 2,
-        )
-        _TRIES[id(index)] = got
+        got = _TRIES[id(index)] = _TrieView(index)
         weakref.finalize(index, _TRIES.pop, id(index), None)
     return got
+
+
+class _TextCache(ctypes.Structure):
+    """`struct text_cache` of trie_walk.c."""
+
+    _fields_ = [
+        ("index", _P),
+        ("cap", ctypes.c_int64),
+        ("states", _P),
+        ("rows_cap", ctypes.c_int64),
+        ("rows_used", _P),
+    ]
+
+
+class TextStates:
+    """Per automaton state, what the C walk learnt of whether it reads text (and its state
+    per UTF-8 phase where it does), kept between walks; grown before each walk to twice the
+    states the automaton has room for, so the states a walk makes are kept too."""
+
+    def __init__(self) -> None:
+        self.index = np.zeros(0, dtype=np.int32)  # 0 unknown, -1 no, k: row k - 1 of states
+        self.states = np.zeros((0, NUM_PHASES), dtype=np.int32)
+        self.used = np.zeros(1, dtype=np.int64)
+        self.struct = _TextCache(0, 0, 0, 0, self.used.ctypes.data)
+
+    @property
+    def nbytes(self) -> int:
+        return self.index.nbytes + self.states.nbytes
+
+    def reserve(self, num_states: int) -> None:
+        """Room for states below 2 * `num_states` and as many rows again as are used."""
+        if self.index.shape[0] < num_states:
+            index = np.zeros(max(2 * num_states, 256), dtype=np.int32)
+            index[: self.index.shape[0]] = self.index
+            self.index = index
+            self.struct.index, self.struct.cap = index.ctypes.data, index.shape[0]
+        used = int(self.used[0])
+        if self.states.shape[0] < used + 16:
+            states = np.zeros((max(2 * used, 64), NUM_PHASES), dtype=np.int32)
+            states[:used] = self.states[:used]
+            self.states = states
+            self.struct.states, self.struct.rows_cap = states.ctypes.data, states.shape[0]
 
 
 class _Walk(threading.local):
@@ -123,50 +227,57 @@ def _c_fill(address: int) -> Callable[..., int]:
 
 
 def _walk(
-    fn: Callable[..., int], args: tuple, automaton: ByteAutomaton, rows: np.ndarray
+    fn: Callable[..., int], args: tuple, cache: int, automaton: ByteAutomaton, rows: np.ndarray
 ) -> tuple[int, BaseException | None]:
-    """`fn(*args, fill)`, with the row callback in C where `dfa_rows` is built (the same
-    steps as `_fill` without ctypes' conversions and Python frames), else `_fill`; returns
+    """`fn(*args, fill, cache)`, with the row callback in C where `dfa_rows` is built (the
+    same steps as `_fill` without ctypes' conversions and Python frames), else `_fill`; returns
     what the walk returned and the first error a callback met."""
     native = dfa_rows()
     if native is not None:
         fill = _c_fill(native.begin_walk(automaton, rows))
         try:
-            failed = fn(*args, fill)
+            steps = fn(*args, fill, cache)
         finally:
             error = native.end_walk()
-        return failed, error
+        return steps, error
     walk = _WALK
     walk.automaton, walk.rows, walk.address, walk.error = automaton, rows, args[0], None
     try:
-        return fn(*args, _fill), walk.error
+        return fn(*args, _fill, cache), walk.error
     finally:
         del walk.automaton, walk.rows
         walk.error = None
 
 
 def native_mask(
-    fn: Callable[..., int], index: TokenizerIndex, automaton: ByteAutomaton, state: int
-) -> np.ndarray:
+    fn: Callable[..., int],
+    index: TokenizerIndex,
+    automaton: ByteAutomaton,
+    text: TextStates,
+    state: int,
+) -> tuple[np.ndarray, int]:
     """Packed int32[num_words] mask of the tokens whose bytes `state` reads, one per trie node
     (`index.pre_token`: EOS and tokens that repeat a lower token's bytes not added), by the C
-    walk `fn` over the automaton's rows (computing those it reaches first)."""
+    walk `fn` over the automaton's rows (computing those it reaches first), with the number
+    of trie nodes the walk stepped through. `text` holds what walks learnt of the automaton's
+    states that read text."""
     trie = _trie(index)
     words = np.zeros(index.num_words + 1, dtype=np.uint32)  # the last: nodes without a token
-    states = np.empty(trie.max_depth + 1, dtype=np.int32)
+    states = np.empty(trie.struct.max_depth + 1, dtype=np.int32)
     rows = automaton.row_pointers()
+    text.reserve(rows.shape[0])
     args = (
         rows.ctypes.data,
         rows.shape[0],
-        ctypes.addressof(trie),
+        ctypes.addressof(trie.struct),
         state,
         states.ctypes.data,
         words.ctypes.data,
     )
-    failed, error = _walk(fn, args, automaton, rows)
-    if failed:
+    steps, error = _walk(fn, args, ctypes.addressof(text.struct), automaton, rows)
+    if steps < 0:
         raise error or RuntimeError(
             "the native trie walk met a row its automaton did not make (row_pointers() has no "
             "address for it after row())"
         )
-    return words[:-1].view(np.int32)
+    return words[:-1].view(np.int32), steps

@@ -90,6 +90,19 @@ def _text_moves() -> list[tuple[int, np.ndarray, int]]:
 
 
 TEXT_MOVES = _text_moves()
+NUM_PHASES = 1 + max(nxt for _at, _data, nxt in TEXT_MOVES)
+
+
+def _next_phase() -> np.ndarray:
+    """uint8[NUM_PHASES, 256]: the phase after each byte of `TEXT_MOVES`, NOT_TEXT where the
+    byte ends text."""
+    table = np.full((NUM_PHASES, 256), NOT_TEXT, dtype=np.uint8)
+    for at, data, nxt in TEXT_MOVES:
+        table[at, data] = nxt
+    return table
+
+
+NEXT_PHASE = _next_phase()
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
@@ -275,9 +288,8 @@ def _build_index(token_bytes: list[bytes | None], eos_ids: tuple[int, ...]) -> T
     mask_depth = np.zeros(words * 32, dtype=np.int32)
     mask_depth[: len(token_bytes)] = np.where(token_node >= 0, plain_depth[token_node], 0)
     phase = np.zeros(n, dtype=np.uint8)
-    moves = np.full((256, 256), NOT_TEXT, dtype=np.uint8)
-    for at, data, nxt in TEXT_MOVES:
-        moves[at, data] = nxt
+    moves = np.full((256, 256), NOT_TEXT, dtype=np.uint8)  # NOT_TEXT leads to NOT_TEXT
+    moves[:NUM_PHASES] = NEXT_PHASE
     for d in range(1, depth_start.shape[0] - 1):
         lo, hi = depth_start[d], depth_start[d + 1]
         phase[lo:hi] = moves[phase[parent[lo:hi]], byte[lo:hi]]

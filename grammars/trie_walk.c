@@ -9,45 +9,193 @@
  * &num_rows)` computes it and returns the rows' addresses as they are now (the table may have
  * been replaced as it grew), or 0 when it failed: the walk stops and returns -1, the error is
  * the caller's (as it does when the row is still missing after `fill`).
+ *
+ * Text subtrees (the numpy walk's shortcut, `masks`): a node whose prefix is whole characters
+ * of text (`phase` 0) and whose state reads text (every text byte of each UTF-8 phase leads to
+ * one state, back to the node's own after each whole character: `reads_text`) has every text
+ * token of its subtree alive. Their bits are or-ed in from a packed row where the subtree has
+ * one (`words_of`), else set node by node in preorder without reading a row; only the nodes
+ * that are not text are walked, from each rough root (a node that is not text under a text
+ * parent; `rough_next` finds the next one) and its parent's state by phase.
  */
 #include <stdint.h>
+#include <string.h>
 
-struct trie { /* the index's preorder arrays (tokenizer_index.py) */
+#define NOT_TEXT 255
+#define MAX_PHASES 32
+#define ABSORB_MIN_SIZE 16 /* a smaller subtree costs less to walk than to look at */
+
+struct trie { /* the index's preorder arrays (tokenizer_index.py, native_walk.py) */
     const uint8_t *byte;
     const int32_t *depth;
     const int32_t *size;
     const int32_t *token; /* the token a node spells, or a bit past the mask's last word */
     int64_t max_depth;
+    const uint8_t *phase;      /* where in a UTF-8 character the prefix ends, NOT_TEXT if no text */
+    const int32_t *rough_next; /* the first rough root at or after each node, num_nodes if none */
+    const uint8_t *up_phase;   /* of a rough root: its parent's phase */
+    const int32_t *words_of;   /* per node: its row of `text_words`, -1 where it has none */
+    const uint32_t *text_words; /* rows of `num_words`: the text tokens of a subtree */
+    int64_t num_words;
+    const uint8_t *next_phase; /* [num_phases][256]: the phase after a byte, NOT_TEXT if none */
+    int64_t num_phases;
+};
+
+/* Per automaton state, what the walk learnt of it (kept between walks by the caller):
+ * `index[s]` 0 unknown, -1 does not read text, k > 0 reads text with the states of each phase
+ * in `states[(k - 1) * num_phases ...]`. States past `cap` or past `rows_cap` rows are worked
+ * out again each time (the caller grows both between walks). */
+struct text_cache {
+    int32_t *index;
+    int64_t cap;
+    int32_t *states;
+    int64_t rows_cap;
+    int64_t *rows_used;
 };
 
 typedef int64_t (*fill_row)(int32_t state, int64_t *num_rows);
 
-/* Walk the whole trie from `state` and set the bits of the tokens alive in `words`; `states`
- * holds max_depth + 1 states. Returns 0, or -1 when `fill` failed. */
-int64_t rf_trie_walk(const int64_t *rows, int64_t num_rows, const struct trie *t, int32_t state,
-                     int32_t *states, uint32_t *words, fill_row fill) {
-    const uint8_t *byte = t->byte;
-    const int32_t *depth = t->depth, *size = t->size;
-    const int32_t *token = t->token;
-    const int64_t end = size[0];
-    states[0] = state;
-    for (int64_t i = 1; i < end;) {
-        const int32_t d = depth[i];
-        const int32_t parent = states[d - 1];
-        const int32_t *row = parent < num_rows ? (const int32_t *)rows[parent] : 0;
-        if (!row) { /* made now: the walk goes on from the same node */
-            rows = (const int64_t *)fill(parent, &num_rows);
-            row = rows && parent < num_rows ? (const int32_t *)rows[parent] : 0;
-            if (!row) return -1; /* failed, or made no row: never loop on it */
-        }
-        const int32_t s = row[byte[i]];
-        if (s >= 0) {
-            states[d] = s;
-            words[token[i] >> 5] |= 1u << (token[i] & 31);
-            i++;
-        } else {
-            i += size[i];
+struct walk {
+    const int64_t *rows;
+    int64_t num_rows;
+    const struct trie *t;
+    int32_t *states;
+    uint32_t *words;
+    fill_row fill;
+    struct text_cache *cache;
+    int64_t steps; /* nodes stepped through (returned: the tests see which way a walk went) */
+};
+
+/* The row of `state` (computed now where it is not yet), or 0 when that failed. */
+static const int32_t *row_of(struct walk *w, int32_t state) {
+    const int32_t *row = state < w->num_rows ? (const int32_t *)w->rows[state] : 0;
+    if (!row) {
+        w->rows = (const int64_t *)w->fill(state, &w->num_rows);
+        row = w->rows && state < w->num_rows ? (const int32_t *)w->rows[state] : 0;
+    }
+    return row;
+}
+
+/* Whether `state` reads text: 1 with its state per phase in `out`, 0 not, -1 failed. */
+static int work_out_text(struct walk *w, int32_t state, int32_t *out) {
+    const struct trie *t = w->t;
+    for (int64_t p = 0; p < t->num_phases; p++) out[p] = -1;
+    out[0] = state;
+    for (int64_t p = 0; p < t->num_phases; p++) { /* phases are numbered in the order reached */
+        if (out[p] < 0) return 0;
+        const int32_t *row = row_of(w, out[p]);
+        if (!row) return -1;
+        const uint8_t *next = t->next_phase + p * 256;
+        for (int b = 0; b < 256; b++) {
+            if (next[b] == NOT_TEXT) continue;
+            const int32_t s = row[b];
+            if (s < 0 || (out[next[b]] >= 0 && out[next[b]] != s)) return 0;
+            out[next[b]] = s;
         }
     }
+    return 1;
+}
+
+/* The state per phase of a state that reads text (in the cache or `scratch`), NULL when it
+ * does not; sets `*failed` when a row could not be made. */
+static const int32_t *reads_text(struct walk *w, int32_t state, int32_t *scratch, int *failed) {
+    struct text_cache *c = w->cache;
+    const int64_t phases = w->t->num_phases;
+    if (state < c->cap && c->index[state] != 0)
+        return c->index[state] < 0 ? 0 : c->states + (c->index[state] - 1) * phases;
+    const int got = work_out_text(w, state, scratch);
+    if (got < 0) {
+        *failed = 1;
+        return 0;
+    }
+    if (state >= c->cap) return got ? scratch : 0;
+    if (!got) {
+        c->index[state] = -1;
+        return 0;
+    }
+    if (*c->rows_used == c->rows_cap) return scratch;
+    int32_t *kept = c->states + *c->rows_used * phases;
+    memcpy(kept, scratch, phases * sizeof(int32_t));
+    c->index[state] = (int32_t)++*c->rows_used;
+    return kept;
+}
+
+static void set_bit(uint32_t *words, int32_t token) { words[token >> 5] |= 1u << (token & 31); }
+
+static int walk_nodes(struct walk *w, int64_t lo, int64_t hi);
+
+/* The subtree of text node `i` under text states `by_phase`: its text tokens alive, the rough
+ * roots in it walked. 0, or -1 when a row could not be made. */
+static int absorb(struct walk *w, int64_t i, const int32_t *by_phase) {
+    const struct trie *t = w->t;
+    const int64_t end = i + t->size[i];
+    const int32_t rows = t->words_of[i];
+    if (rows >= 0) {
+        const uint32_t *src = t->text_words + (int64_t)rows * t->num_words;
+        for (int64_t k = 0; k < t->num_words; k++) w->words[k] |= src[k];
+    }
+    int32_t state_copy[MAX_PHASES]; /* the cache may hand out `by_phase` from scratch space */
+    memcpy(state_copy, by_phase, t->num_phases * sizeof(int32_t));
+    for (int64_t j = i + 1; j < end;) {
+        int64_t r = t->rough_next[j];
+        if (r > end) r = end;
+        if (rows < 0) {
+            for (int64_t k = j; k < r; k++) set_bit(w->words, t->token[k]);
+            w->steps += r - j;
+        }
+        if (r == end) break;
+        const int32_t s = state_copy[t->up_phase[r]];
+        w->states[t->depth[r] - 1] = s;
+        if (walk_nodes(w, r, r + t->size[r]) < 0) return -1;
+        j = r + t->size[r];
+    }
     return 0;
+}
+
+/* Walk nodes lo..hi (whole subtrees, `states` set for their parents' depth). */
+static int walk_nodes(struct walk *w, int64_t lo, int64_t hi) {
+    const struct trie *t = w->t;
+    const uint8_t *byte = t->byte;
+    const int32_t *depth = t->depth, *size = t->size, *token = t->token;
+    int32_t scratch[MAX_PHASES];
+    for (int64_t i = lo; i < hi;) {
+        const int32_t d = depth[i];
+        const int32_t *row = row_of(w, w->states[d - 1]);
+        if (!row) return -1; /* failed, or made no row: never loop on it */
+        const int32_t s = row[byte[i]];
+        w->steps++;
+        if (s < 0) {
+            i += size[i];
+            continue;
+        }
+        w->states[d] = s;
+        set_bit(w->words, token[i]);
+        if (size[i] >= ABSORB_MIN_SIZE && t->phase[i] == 0) {
+            int failed = 0;
+            const int32_t *by_phase = reads_text(w, s, scratch, &failed);
+            if (failed) return -1;
+            if (by_phase) {
+                if (absorb(w, i, by_phase) < 0) return -1;
+                i += size[i];
+                continue;
+            }
+        }
+        i++;
+    }
+    return 0;
+}
+
+/* Walk the whole trie from `state` and set the bits of the tokens alive in `words`; `states`
+ * holds max_depth + 1 states. Returns the nodes it stepped through, or -1 when `fill` failed. */
+int64_t rf_trie_walk(const int64_t *rows, int64_t num_rows, const struct trie *t, int32_t state,
+                     int32_t *states, uint32_t *words, fill_row fill, struct text_cache *cache) {
+    if (t->num_phases > MAX_PHASES) return -1;
+    struct walk w = {rows, num_rows, t, states, words, fill, cache, 0};
+    states[0] = state;
+    int failed = 0;
+    int32_t scratch[MAX_PHASES];
+    const int32_t *by_phase = reads_text(&w, state, scratch, &failed);
+    if (failed) return -1;
+    if (by_phase) return absorb(&w, 0, by_phase) < 0 ? -1 : w.steps;
+    return walk_nodes(&w, 1, t->size[0]) < 0 ? -1 : w.steps;
 }

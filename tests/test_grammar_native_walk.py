@@ -97,6 +97,59 @@ def test_tokens_with_the_same_bytes_and_rows_filled_during_the_walk(callback):
             assert (native == numpy).all(), (pattern, state)
 
 
+def _reachable(automaton, limit: int) -> list[int]:
+    """Up to `limit` states reachable from the start, breadth-first."""
+    states, frontier = {automaton.initial}, [automaton.initial]
+    while frontier and len(states) < limit:
+        row = automaton.row(frontier.pop(0))
+        for s in set(row.tolist()) - {-1} - states:
+            states.add(s)
+            frontier.append(s)
+    return sorted(states)
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_text_subtrees_are_taken_whole_and_match_the_reference(callback, kept, monkeypatch):
+    """Free JSON string content and object names beside declared ones: the C walk takes the
+    text under a state that reads text whole (its tokens or-ed in, or set one by one) and
+    walks only the nodes that are not text (quotes, escapes, control bytes, broken UTF-8),
+    from the state each UTF-8 phase leads to. Same masks as the numpy walk and the per-token
+    reference, from fresh tables and again from the states the first walks learnt (or, with
+    no room kept for them, worked out again each time), in far fewer steps than the trie has
+    nodes."""
+    if not kept:
+        monkeypatch.setattr(native_walk.TextStates, "reserve", lambda self, n: None)
+    rng = np.random.default_rng(11)
+    pieces = [b"a", b"b", b"ab", b"x", b" ", b'"', b"\\", b"\n", b":", b"{", b"\xc3\xa9",
+              "€".encode(), b"\xc3", b"\xe2\x82", b"\xa9", b"\xff", b"\x01", b"n"]  # fmt: skip
+    tokens = set(pieces)
+    while len(tokens) < 600:
+        tokens.add(b"".join(pieces[int(i)] for i in rng.integers(0, len(pieces), size=4))[:8])
+    index = _build_index([None, *sorted(tokens)], (0,))
+    patterns = (
+        r'"([^"\\\x00-\x1f]|\\n)*"',  # free string content
+        r'\{"(ab(x|n)|ba)":1|\{"[^"\\\x00-\x1f]*":2',  # names beside declared ones
+        r'[^"\\\x00-\x1f]{0,6}"',  # counted: reads text but never back to itself
+    )
+    shortcut = 0
+    for pattern in patterns:
+        automaton = RegexAutomaton(parse_regex(pattern))
+        table = WalkTable(automaton)
+        for again in (False, True):
+            for state in _reachable(automaton, 40):
+                words, steps = native_walk.native_mask(
+                    native_walk.trie_walk(), index, automaton, table.native_text, state
+                )
+                want = allowed_tokens(index, automaton, state)
+                want[list(index.eos_ids)] = False  # the walk leaves EOS to `compute_mask`
+                got = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
+                assert (got == want).all(), (pattern, state, again)
+                numpy = masks.numpy_mask(index, WalkTable(automaton), state)
+                assert (compute_mask(index, table, state) == numpy).all(), (pattern, state)
+                shortcut += steps * 4 < index.num_nodes
+    assert shortcut >= 10
+
+
 def test_an_automaton_that_does_not_publish_its_rows_fails_instead_of_hanging(callback):
     """A row the callback computes but `row_pointers()` never shows stops the walk with an
     error (the walk would otherwise ask for it forever)."""
@@ -111,7 +164,9 @@ def test_an_automaton_that_does_not_publish_its_rows_fails_instead_of_hanging(ca
     index = _build_index([None, b"a", b"ab", b"b"], (0,))
     automaton = RegexAutomaton(parse_regex("ab?"))
     with pytest.raises(RuntimeError, match="did not make"):
-        native_walk.native_mask(native_walk.trie_walk(), index, Hidden(automaton), 0)
+        native_walk.native_mask(
+            native_walk.trie_walk(), index, Hidden(automaton), native_walk.TextStates(), 0
+        )
 
 
 def test_an_error_in_a_row_callback_fails_that_mask_only(callback):
