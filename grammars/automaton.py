@@ -42,6 +42,7 @@ class RegexAutomaton:
         self.budget = GrammarBudget()
         self.budget.charge(nfa_nbytes(nfa))
         self.dfa = LazyDFA(nfa, self.budget)
+        self.dfa.untrack_ir(ir)
         self.initial = self.dfa.intern([start])
         if self.initial < 0:
             raise ValueError("the grammar matches no text")

@@ -360,6 +360,8 @@ class GrammarAutomaton:
         self.budget = GrammarBudget()
         self.budget.charge(nfa_nbytes(nfa))
         self.lexer = LazyDFA(nfa, self.budget)
+        for node in bnf.terminals:
+            self.lexer.untrack_ir(node)
         self.parser = EarleyParser(bnf, len(bnf.terminals), self.budget)
         self.ignore = frozenset(bnf.ignore)
         self._lex_start: dict[frozenset, int] = {}

@@ -28,7 +28,7 @@ static PyObject *chars_type, *seq_type, *alt_type, *repeat_type, *dfa_type, *seq
 static long max_nfa_states, state_bytes, edge_bytes, entry_bytes;
 static long tuple_base, tuple_item; /* sys.getsizeof of a tuple: base + item * length */
 static PyObject *empty, *zero; /* b"" (no moves or edges) and 0 */
-static PyObject *s_items, *s_ranges, *s_facts, *s_tail, *s_parts, *s_charge, *s_nbytes,
+static PyObject *s_items, *s_item, *s_ranges, *s_facts, *s_tail, *s_parts, *s_charge, *s_nbytes,
     *s_new_state, *s_add, *s_check, *s_dead, *s_intern, *s_counted, *s_body_ir, *s_live, *s_hi,
     *s_lo, *s_table, *s_start, *s_accepting, *s_moves, *s_shortest, *s_longest, *s_row,
     *s_row_pointers, *s_limits, *s_max_states, *s_max_state_size, *s_pointers;
@@ -238,9 +238,17 @@ static int dict_pop(PyObject *dict, PyObject *key, PyObject **out) {
     return 1;
 }
 
+/* Whether `x` is a regex IR node (of the classes `configure` was given). */
+static int is_ir(PyObject *x) {
+    PyObject *t = (PyObject *)Py_TYPE(x);
+    return chars_type != NULL && (t == chars_type || t == seq_type || t == alt_type ||
+                                  t == repeat_type || t == dfa_type);
+}
+
 /* Takes tuple `t` out of the cyclic collector's sight when nothing in it can be in a reference
- * cycle: ints, None, strings, bytes and tuples of such. Python does this for a tuple at the
- * first collection that sees it; done at once, a dict keyed by such tuples is not tracked
+ * cycle: ints, None, strings, bytes, IR nodes already out of its sight (`untrack_ir`; an
+ * instance is never tracked again) and tuples of such. Python does this for a tuple of atoms at
+ * the first collection that sees it; done at once, a dict keyed by such tuples is not tracked
  * again by each key C adds to it (and walked by the collections after). */
 static void untrack_atoms(PyObject *t) {
     if (!PyObject_GC_IsTracked(t)) return;
@@ -249,11 +257,66 @@ static void untrack_atoms(PyObject *t) {
         if (PyTuple_CheckExact(x)) {
             untrack_atoms(x);
             if (PyObject_GC_IsTracked(x)) return;
-        } else if (PyObject_IS_GC(x)) {
+        } else if (PyObject_IS_GC(x) && (!is_ir(x) || PyObject_GC_IsTracked(x))) {
             return;
         }
     }
     PyObject_GC_UnTrack(t);
+}
+
+/* untrack_ir(node): takes the regex IR graph from `node` (its nodes, their items and ranges)
+ * out of the cyclic collector's sight, stopping at nodes already out of it (IR shared with an
+ * earlier grammar is walked once). IR is immutable and built from its leaves up, so no
+ * reference cycle can run through it; a cached grammar keeps its IR for the lazy NFA, and
+ * each full collection would otherwise walk all of it. A node of another kind (a `Ref`) is
+ * left as it is, and so is a tuple that holds one. */
+static PyObject *untrack_ir(PyObject *self, PyObject *node) {
+    PyObject **stack = NULL, **tuples = NULL;
+    Py_ssize_t n = 0, cap = 0, nt = 0, tcap = 0;
+    int ok = 0;
+#define PUSH(arr, len, size, x)                                                   \
+    do {                                                                          \
+        if (len == size) {                                                        \
+            size = size ? 2 * size : 64;                                          \
+            PyObject **grown = realloc(arr, size * sizeof(PyObject *));           \
+            if (grown == NULL) {                                                  \
+                PyErr_NoMemory();                                                 \
+                goto done;                                                        \
+            }                                                                     \
+            arr = grown;                                                          \
+        }                                                                         \
+        arr[len++] = (x);                                                         \
+    } while (0)
+    PUSH(stack, n, cap, node);
+    while (n) { /* borrowed: each is held by the graph, which the caller holds */
+        PyObject *x = stack[--n];
+        if (!is_ir(x) || !PyObject_GC_IsTracked(x)) continue;
+        PyObject *t = (PyObject *)Py_TYPE(x);
+        PyObject *name = t == seq_type || t == alt_type ? s_items
+                         : t == repeat_type              ? s_item
+                         : t == chars_type               ? s_ranges
+                                                         : NULL;
+        PyObject_GC_UnTrack(x);
+        if (name == NULL) continue; /* a Dfa: its table and spelling stay as they are */
+        PyObject *kids = PyObject_GetAttr(x, name);
+        if (kids == NULL) goto done;
+        Py_DECREF(kids); /* the node holds it */
+        if (t == repeat_type) {
+            PUSH(stack, n, cap, kids);
+        } else if (PyTuple_CheckExact(kids)) {
+            PUSH(tuples, nt, tcap, kids);
+            if (t != chars_type)
+                for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kids); i++)
+                    PUSH(stack, n, cap, PyTuple_GET_ITEM(kids, i));
+        }
+    }
+#undef PUSH
+    for (Py_ssize_t i = 0; i < nt; i++) untrack_atoms(tuples[i]);
+    ok = 1;
+done:
+    free(stack);
+    free(tuples);
+    return ok ? Py_NewRef(Py_None) : NULL;
 }
 
 /* dict[key] = state; 0, or -1 on error */
@@ -410,6 +473,7 @@ static long c_waiting(Ctx *c, PyObject *node, PyObject *arg, long nxt, PyObject 
             got = ERR;
         if (got != ERR) {
             PyObject *entry = triple(c->ints, node, arg, nxt), *k = state_int(c->ints, got);
+            if (entry != NULL) untrack_atoms(entry);
             if (entry == NULL || k == NULL || PyDict_SetItem(todo, k, entry) < 0) got = ERR;
             Py_XDECREF(entry);
             Py_XDECREF(k);
@@ -776,6 +840,11 @@ static PyObject *c_body_ir(Ctx *c, PyObject *node, PyObject *ranges) {
             PyObject *args[] = {c->nfa, node, ranges};
             got = call(s_body_ir, args, 3);
         }
+    }
+    if (got != NULL) { /* made now, or by an earlier grammar (IR is shared) */
+        PyObject *r = untrack_ir(NULL, got);
+        if (r == NULL) Py_CLEAR(got);
+        Py_XDECREF(r);
     }
     Py_DECREF(key);
     return got;
@@ -1487,6 +1556,7 @@ static PyObject *end_walk(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, "The IR classes, helpers and costs the rows use."},
     {"begin_walk", begin_walk, METH_VARARGS, "Set up the row callback of a trie walk."},
+    {"untrack_ir", untrack_ir, METH_O, "Take a regex IR graph out of the collector's sight."},
     {"end_walk", end_walk, METH_NOARGS, "End a trie walk: its callback's error or None."},
     {"closure", closure, METH_VARARGS, "LazyDFA.closure of a tuple of NFA states."},
     {"fill_row", fill_row, METH_VARARGS, "LazyDFA._compute_row into an int32[256] buffer."},
@@ -1496,13 +1566,13 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dfa_rows", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit_dfa_rows(void) {
-    const char *names[] = {"items", "ranges", "facts", "tail", "_parts", "charge", "nbytes",
+    const char *names[] = {"items", "item", "ranges", "facts", "tail", "_parts", "charge", "nbytes",
                            "new_state", "add",
                            "check", "dead", "intern", "counted", "_body_ir", "live", "hi",
                            "lo", "table", "start", "accepting", "moves", "shortest", "longest",
                            "row", "row_pointers", "limits", "max_states", "max_state_size",
                            "pointers"};
-    PyObject **slots[] = {&s_items, &s_ranges, &s_facts, &s_tail, &s_parts,
+    PyObject **slots[] = {&s_items, &s_item, &s_ranges, &s_facts, &s_tail, &s_parts,
                           &s_charge, &s_nbytes, &s_new_state, &s_add, &s_check, &s_dead, &s_intern, &s_counted,
                           &s_body_ir, &s_live, &s_hi, &s_lo, &s_table, &s_start,
                           &s_accepting, &s_moves, &s_shortest, &s_longest, &s_row,

@@ -444,6 +444,14 @@ class LazyDFA:
         self._parts = (self._by_targets, self.states._ids, self.sets, self.states._rows,
                        self.states, self.budget, self._ints)  # fmt: skip
 
+    def untrack_ir(self, node) -> None:
+        """Take the IR graph from `node` (which the NFA reads as it grows) out of the cyclic
+        collector's sight, where the C rows are built (no reference cycle runs through IR:
+        it is immutable and built from its leaves up); a cached grammar's IR is otherwise
+        walked by every full collection."""
+        if self._native is not None:
+            self._native.untrack_ir(node)
+
     def closure(self, states: tuple[int, ...]) -> tuple[int, ...]:
         """NFA states with byte edges or tags reachable from `states` by epsilon moves, less
         the counted ones another subsumes (`NFA.prune`)."""

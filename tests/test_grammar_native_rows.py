@@ -129,6 +129,47 @@ def test_state_lists_are_left_out_of_the_cyclic_collector_and_still_freed(native
     assert gone() is None
 
 
+def _ir_nodes(node) -> list:
+    """The IR nodes reachable from `node` (items and repeated items)."""
+    out, stack, seen = [], [node], set()
+    while stack:
+        x = stack.pop()
+        if id(x) in seen or not hasattr(x, "facts"):
+            continue
+        seen.add(id(x))
+        out.append(x)
+        stack.extend(getattr(x, "items", ()))
+        if hasattr(x, "item"):
+            stack.append(x.item)
+    return out
+
+
+def test_the_ir_a_grammar_reads_is_left_out_of_the_cyclic_collector_and_still_freed(native):
+    """A schema's IR, which its grammar keeps for the NFA it grows, is immutable and built
+    from its leaves up (no reference cycle runs through it): C takes it, the item tuples and
+    the NFA's waiting entries that name its nodes out of the cyclic collector's sight, so that
+    full collections do not walk a cache of grammars' IR; an automaton no longer used frees
+    its IR all the same."""
+    ir, _defs = schema_to_ir(canonical_schema(SCHEMAS[0]), None, Deadline(None))
+    automaton = RegexAutomaton(ir)
+    explored(automaton, limit=60)
+    nodes = _ir_nodes(ir)  # (counts compared below: an IR's repr repeats shared subtrees)
+    counts = (
+        len(nodes),
+        sum(map(gc.is_tracked, nodes)),
+        sum(gc.is_tracked(n.items) for n in nodes if hasattr(n, "items")),
+    )
+    assert counts[0] > 20 and counts[1:] == (0, 0)
+    nfa = automaton.dfa.nfa
+    waiting = [*nfa._todo.values(), *nfa._run_todo.values()]
+    counts = (len(waiting), sum(map(gc.is_tracked, waiting)))
+    assert counts[0] > 5 and counts[1] == 0
+    gone = weakref.ref(ir)
+    del automaton, ir, nodes, nfa, waiting
+    gc.collect()
+    assert gone() is None
+
+
 def test_a_budget_raised_inside_comes_through(native, monkeypatch):
     """`max_states` is checked by Python code the C row calls back into: its error reaches
     the caller, and the automaton goes on answering within the rows already made."""
