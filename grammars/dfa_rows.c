@@ -246,7 +246,7 @@ static int is_ir(PyObject *x) {
 }
 
 /* Takes tuple `t` out of the cyclic collector's sight when nothing in it can be in a reference
- * cycle: ints, None, strings, bytes, IR nodes already out of its sight (`untrack_ir`; an
+ * cycle: ints, None, strings, bytes, IR nodes already out of its sight (`untrack_graph`; an
  * instance is never tracked again) and tuples of such. Python does this for a tuple of atoms at
  * the first collection that sees it; done at once, a dict keyed by such tuples is not tracked
  * again by each key C adds to it (and walked by the collections after). */
@@ -264,31 +264,23 @@ static void untrack_atoms(PyObject *t) {
     PyObject_GC_UnTrack(t);
 }
 
-/* untrack_ir(node): takes the regex IR graph from `node` (its nodes, their items and ranges)
- * out of the cyclic collector's sight, stopping at nodes already out of it (IR shared with an
- * earlier grammar is walked once). IR is immutable and built from its leaves up, so no
- * reference cycle can run through it; a cached grammar keeps its IR for the lazy NFA, and
+/* Takes the regex IR graph from `node` (its nodes, their item tuples and ranges) out of the
+ * cyclic collector's sight, stopping at nodes already out of it (IR shared with an earlier
+ * grammar is walked once): 0, or -1 on error. IR is immutable and built from its leaves up, so
+ * no reference cycle can run through it; a cached grammar keeps its IR for the lazy NFA, and
  * each full collection would otherwise walk all of it. A node of another kind (a `Ref`) is
  * left as it is, and so is a tuple that holds one. */
-static PyObject *untrack_ir(PyObject *self, PyObject *node) {
-    PyObject **stack = NULL, **tuples = NULL;
-    Py_ssize_t n = 0, cap = 0, nt = 0, tcap = 0;
+static int untrack_graph(PyObject *node) {
+    if (!is_ir(node) || !PyObject_GC_IsTracked(node)) return 0;
+    Py_ssize_t n = 0, cap = 64;
+    PyObject **stack = malloc(cap * sizeof(PyObject *)); /* borrowed: the graph holds them */
+    if (stack == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    stack[n++] = node;
     int ok = 0;
-#define PUSH(arr, len, size, x)                                                   \
-    do {                                                                          \
-        if (len == size) {                                                        \
-            size = size ? 2 * size : 64;                                          \
-            PyObject **grown = realloc(arr, size * sizeof(PyObject *));           \
-            if (grown == NULL) {                                                  \
-                PyErr_NoMemory();                                                 \
-                goto done;                                                        \
-            }                                                                     \
-            arr = grown;                                                          \
-        }                                                                         \
-        arr[len++] = (x);                                                         \
-    } while (0)
-    PUSH(stack, n, cap, node);
-    while (n) { /* borrowed: each is held by the graph, which the caller holds */
+    while (n) {
         PyObject *x = stack[--n];
         if (!is_ir(x) || !PyObject_GC_IsTracked(x)) continue;
         PyObject *t = (PyObject *)Py_TYPE(x);
@@ -301,22 +293,40 @@ static PyObject *untrack_ir(PyObject *self, PyObject *node) {
         PyObject *kids = PyObject_GetAttr(x, name);
         if (kids == NULL) goto done;
         Py_DECREF(kids); /* the node holds it */
-        if (t == repeat_type) {
-            PUSH(stack, n, cap, kids);
-        } else if (PyTuple_CheckExact(kids)) {
-            PUSH(tuples, nt, tcap, kids);
-            if (t != chars_type)
-                for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kids); i++)
-                    PUSH(stack, n, cap, PyTuple_GET_ITEM(kids, i));
+        if (t == chars_type) {
+            if (PyTuple_CheckExact(kids)) untrack_atoms(kids);
+            continue;
         }
+        Py_ssize_t k = t == repeat_type ? 1 : PyTuple_CheckExact(kids) ? PyTuple_GET_SIZE(kids) : 0;
+        if (n + k > cap) {
+            cap = 2 * (n + k);
+            PyObject **grown = realloc(stack, cap * sizeof(PyObject *));
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            stack = grown;
+        }
+        if (t == repeat_type) {
+            stack[n++] = kids;
+            continue;
+        }
+        int all_ir = 1; /* then every item is out of sight by the end of this walk */
+        for (Py_ssize_t i = 0; i < k; i++) {
+            all_ir &= is_ir(PyTuple_GET_ITEM(kids, i));
+            stack[n++] = PyTuple_GET_ITEM(kids, i);
+        }
+        if (k && all_ir && PyObject_GC_IsTracked(kids)) PyObject_GC_UnTrack(kids);
     }
-#undef PUSH
-    for (Py_ssize_t i = 0; i < nt; i++) untrack_atoms(tuples[i]);
     ok = 1;
 done:
     free(stack);
-    free(tuples);
-    return ok ? Py_NewRef(Py_None) : NULL;
+    return ok ? 0 : -1;
+}
+
+/* untrack_ir(node): `untrack_graph` from Python (`LazyDFA.untrack_ir`). */
+static PyObject *untrack_ir(PyObject *self, PyObject *node) {
+    return untrack_graph(node) < 0 ? NULL : Py_NewRef(Py_None);
 }
 
 /* dict[key] = state; 0, or -1 on error */
@@ -840,11 +850,7 @@ static PyObject *c_body_ir(Ctx *c, PyObject *node, PyObject *ranges) {
             PyObject *args[] = {c->nfa, node, ranges};
             got = call(s_body_ir, args, 3);
         }
-    }
-    if (got != NULL) { /* made now, or by an earlier grammar (IR is shared) */
-        PyObject *r = untrack_ir(NULL, got);
-        if (r == NULL) Py_CLEAR(got);
-        Py_XDECREF(r);
+        if (got != NULL && untrack_graph(got) < 0) Py_CLEAR(got); /* IR made since */
     }
     Py_DECREF(key);
     return got;

@@ -165,8 +165,9 @@ class _TextCache(ctypes.Structure):
 
 class TextStates:
     """Per automaton state, what the C walk learnt of whether it reads text (and its state
-    per UTF-8 phase where it does), kept between walks; grown before each walk to twice the
-    states the automaton has room for, so the states a walk makes are kept too."""
+    per UTF-8 phase where it does), kept between walks. Before each walk it is grown, where it
+    has no room for every state the automaton has room for, to twice that, so that most
+    states a walk makes are kept too (the walk works out the others again each time)."""
 
     def __init__(self) -> None:
         self.index = np.zeros(0, dtype=np.int32)  # 0 unknown, -1 no, k: row k - 1 of states
@@ -179,7 +180,8 @@ class TextStates:
         return self.index.nbytes + self.states.nbytes
 
     def reserve(self, num_states: int) -> None:
-        """Room for states below 2 * `num_states` and as many rows again as are used."""
+        """Room for at least `num_states` states (twice that when it grows), and rows for 16
+        more states that read text (as many again as are used when it grows)."""
         if self.index.shape[0] < num_states:
             index = np.zeros(max(2 * num_states, 256), dtype=np.int32)
             index[: self.index.shape[0]] = self.index
