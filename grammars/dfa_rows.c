@@ -346,6 +346,27 @@ static void untrack(PyObject *list) {
     if (PyObject_GC_IsTracked(list)) PyObject_GC_UnTrack(list);
 }
 
+/* Take `dict` out of the cyclic collector's sight when it holds only ints, None and tuples of
+ * them (tuples untracked on the way): the NFA's and DFA's dicts of state numbers. C untracks
+ * each key it adds (`set_state`), so a dict stays untracked unless Python code adds a key it
+ * made (the states made while compiling); Python itself untracks such a dict only at a full
+ * collection, after walking it, and every full collection meets the dicts of the grammars
+ * built since the last one. A dict holding anything else stays tracked. */
+static void untrack_dict(PyObject *dict) {
+    if (!PyObject_GC_IsTracked(dict)) return;
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(dict, &pos, &key, &value)) {
+        PyObject *kv[] = {key, value};
+        for (int i = 0; i < 2; i++) {
+            if (PyTuple_CheckExact(kv[i])) untrack_atoms(kv[i]);
+            if (PyObject_IS_GC(kv[i]) && (!PyTuple_CheckExact(kv[i]) || PyObject_GC_IsTracked(kv[i])))
+                return;
+        }
+    }
+    PyObject_GC_UnTrack(dict);
+}
+
 /* What one call reads and writes: the NFA's containers (`NFA._parts`, borrowed from the
  * `parts` tuple it holds) and the bytes built but not yet charged. */
 typedef struct {
@@ -384,6 +405,9 @@ static int ctx_load(Ctx *c, PyObject *nfa) {
     untrack(c->eps);
     untrack(c->edges);
     untrack(c->ints);
+    PyObject *numbers[] = {c->runs, c->ids, c->shared, c->lifts, c->lifted, c->order,
+                           c->tags, c->ends, c->bodies, c->node_ids};
+    for (size_t i = 0; i < sizeof(numbers) / sizeof(*numbers); i++) untrack_dict(numbers[i]);
     return 0;
 }
 
@@ -1292,6 +1316,8 @@ static int table_load(Table *d, PyObject *dfa) {
     untrack(d->sets);
     untrack(d->rows);
     untrack(d->ints);
+    untrack_dict(d->by_targets);
+    untrack_dict(d->ids);
     d->max_states = d->max_state_size = LONG_MAX;
     if (limits != Py_None) {
         PyObject *a = PyObject_GetAttr(limits, s_max_states);

@@ -10,7 +10,6 @@ from __future__ import annotations
 import codecs
 import contextlib
 import functools
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -48,7 +47,9 @@ class CompiledGrammar:
         self.budget.bind(limits or GrammarLimits())
         self._walk = WalkTable(automaton)
         self.empty_mask = np.zeros(index.num_words, dtype=np.int32)  # no token allowed
-        self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
+        # Least recently used first. A plain dict (ordered as written) of ints to arrays stays
+        # out of the cyclic collector's sight; an OrderedDict is walked by every collection.
+        self._masks: dict[int, np.ndarray] = {}
         self._mask_cache_bytes = mask_cache_mb * 2**20
         self._forced: dict[int, bytes] = {}
         self._cached_bytes = 0  # of masks and forced text
@@ -73,16 +74,17 @@ class CompiledGrammar:
     def mask(self, state: int) -> np.ndarray:
         """Packed int32 mask of the tokens allowed in `state`."""
         with self.automaton.lock:
-            got = self._masks.get(state)
+            got = self._masks.pop(state, None)
             if got is not None:
-                self._masks.move_to_end(state)
+                self._masks[state] = got
                 return got
             with self.budget:
                 got = compute_mask(self.index, self._walk, state)
             self._masks[state] = got
             self._cached_bytes += got.nbytes + DICT_ENTRY_BYTES
             while self._cached_bytes > self._mask_cache_bytes and len(self._masks) > 1:
-                self._cached_bytes -= self._masks.popitem(last=False)[1].nbytes + DICT_ENTRY_BYTES
+                oldest = self._masks.pop(next(iter(self._masks)))
+                self._cached_bytes -= oldest.nbytes + DICT_ENTRY_BYTES
             return got
 
     def step(self, state: int, token_id: int) -> int:

@@ -170,6 +170,22 @@ def test_the_ir_a_grammar_reads_is_left_out_of_the_cyclic_collector_and_still_fr
     assert gone() is None
 
 
+def test_the_dicts_of_state_numbers_stay_out_of_the_cyclic_collector(native):
+    """The NFA's and DFA's dicts that map keys of ints to state numbers hold nothing a
+    reference cycle can run through: they stay out of the collector's sight as rows grow
+    them (Python would walk each of them at the next full collection, then untrack it)."""
+    gc.disable()  # a full collection would untrack them itself
+    try:
+        automaton = schema_automaton(SCHEMAS[0])
+        explored(automaton, limit=60)
+        dfa = automaton.dfa
+        numbered = [dfa._by_targets, dfa.states._ids, dfa.nfa._ids, dfa.nfa._runs, dfa.nfa._shared]
+        assert [len(d) > 3 for d in numbered] == [True] * 5
+        assert [gc.is_tracked(d) for d in numbered] == [False] * 5
+    finally:
+        gc.enable()
+
+
 def test_a_budget_raised_inside_comes_through(native, monkeypatch):
     """`max_states` is checked by Python code the C row calls back into: its error reaches
     the caller, and the automaton goes on answering within the rows already made."""

@@ -3,6 +3,7 @@
 import itertools
 import random
 import re
+from gc import is_tracked
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,10 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from radixflow.grammars import CompileTimeout, GrammarCompiler, allocate_token_bitmask
+from radixflow.grammars.automaton import RegexAutomaton
+from radixflow.grammars.matcher import CompiledGrammar
+from radixflow.grammars.regex_ir import parse_regex
+from radixflow.grammars.states import DICT_ENTRY_BYTES
 from radixflow.grammars.tokenizer_index import build_tokenizer_index
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,6 +132,29 @@ def test_masks_match_brute_force_on_tiny_vocab(pattern):
             t = rng.choice(choices)
             assert m.accept(t)
             prefix += index.token_bytes[t]
+
+
+def test_the_mask_cache_keeps_the_most_recently_used_masks_within_its_bytes():
+    """Past its bytes, a grammar's mask cache lets the least recently used mask go (a mask
+    read again counts as used); the cache is a dict of ints to arrays, which Python's cyclic
+    collector never walks."""
+    compiler = GrammarCompiler(tiny_tokenizer())
+    automaton = RegexAutomaton(parse_regex("a{0,8}b"))
+    one = compiler.index.num_words * 4 + DICT_ENTRY_BYTES
+    grammar = CompiledGrammar(
+        compiler.index, automaton, "regex", "a{0,8}b", None, 2.5 * one / 2**20
+    )
+    states = [automaton.initial]
+    for _ in range(2):
+        states.append(int(automaton.row(states[-1])[ord("a")]))
+    first = {s: grammar.mask(s) for s in states[:2]}
+    assert grammar.mask(states[0]) is first[states[0]]  # read again: now the most recent
+    third = grammar.mask(states[2])  # past the bytes: the mask of states[1] goes
+    assert grammar.mask(states[0]) is first[states[0]]
+    again = grammar.mask(states[1])
+    assert again is not first[states[1]] and np.array_equal(again, first[states[1]])
+    assert grammar.mask(states[2]) is not third  # it went when states[1]'s came back
+    assert not is_tracked(grammar._masks)
 
 
 @pytest.mark.parametrize("pattern", [r"(hello|help|hex) world!?", r"[a-z0-9]+@[a-z]+\.com"])
