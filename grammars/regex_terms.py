@@ -9,6 +9,7 @@ A `Dfa` node (without length bounds or spelling) is one term per state of its ta
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -23,9 +24,7 @@ from .regex_ir import (
     Repeat,
     Seq,
     complement,
-    intersect,
     normalize,
-    subtract,
 )
 
 NEVER = Alt(())  # the IR of the empty language
@@ -239,20 +238,25 @@ class Terms:
         Each set in `extra` is a union of classes too. With `with_rest`, the class of code
         points no term can start with is included.
         """
-        blocks: list[Ranges] = []
-        covered: Ranges = ()
-        sets = [r for t in terms for r in self.firsts(t)] + list(extra)
-        for ranges in sets:
-            if ranges:
-                fresh = subtract(ranges, covered)
-                out = []
-                for b in blocks:
-                    inside, outside = intersect(b, ranges), subtract(b, ranges)
-                    out += [r for r in (inside, outside) if r]
-                blocks = out + ([fresh] if fresh else [])
-                covered = normalize(covered + ranges)
+        # A sweep over the sets' bounds: between two bounds every code point is in the same
+        # sets, named by one bit each (toggled where a set's range starts and after it ends).
+        toggles: dict[int, int] = {}
+        bit = 1
+        for ranges in itertools.chain((r for t in terms for r in self.firsts(t)), extra):
+            for lo, hi in normalize(ranges):
+                toggles[lo] = toggles.get(lo, 0) ^ bit
+                toggles[hi + 1] = toggles.get(hi + 1, 0) ^ bit
+            bit <<= 1
+        spans: dict[int, list[tuple[int, int]]] = {}  # the code points of each set of sets
+        inside, start = 0, 0
+        for cp in sorted(toggles):
+            if inside:
+                spans.setdefault(inside, []).append((start, cp - 1))
+            inside ^= toggles[cp]
+            start = cp
+        blocks = [normalize(tuple(ranges)) for ranges in spans.values()]
         if with_rest:
-            rest = complement(covered)
+            rest = complement(tuple(r for ranges in blocks for r in ranges))
             if rest:
                 blocks.append(rest)
         return blocks

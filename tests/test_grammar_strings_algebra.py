@@ -15,7 +15,7 @@ from tiny_models import tiny_tokenizer
 from radixflow.grammars import GrammarCompiler
 from radixflow.grammars.automaton import RegexAutomaton
 from radixflow.grammars.regex_algebra import combine, exclude_words, overlaps, restrict_length
-from radixflow.grammars.regex_ir import parse_search_regex
+from radixflow.grammars.regex_ir import MAX_CODEPOINT, normalize, parse_search_regex
 from radixflow.grammars.regex_terms import NEVER, Terms
 
 
@@ -137,3 +137,35 @@ def test_pattern_and_max_length_schemas_compile(max_length):
     edge = min(max_length, 4096)
     assert accepts(auto, '"' + "a" * (edge - 2) + '-1"')
     assert accepts(auto, '"' + "a" * (edge - 1) + '-1"') == (edge < max_length)
+
+
+def test_classes_are_the_code_points_each_set_of_sets_holds():
+    """`Terms.classes` partitions the code points the sets cover by which of the sets hold
+    them (one block each), the rest apart when asked: checked point by point on random sets
+    that touch, overlap and reach the last code point."""
+    rng = random.Random(7)
+    top = MAX_CODEPOINT
+    for _ in range(300):
+        sets = []
+        for _ in range(rng.randint(1, 6)):
+            starts = [
+                rng.choice([0, rng.randint(0, 120), top - rng.randint(0, 3)]) for _ in range(3)
+            ]
+            sets.append(normalize(tuple((lo, min(lo + rng.randint(0, 40), top)) for lo in starts)))
+        with_rest = rng.random() < 0.5
+        blocks = Terms().classes([], with_rest, sets)
+        points = sorted(
+            {p for r in sets for lo, hi in r for p in (lo, hi, lo - 1, hi + 1)} | {0, 64}
+        )
+        points = [p for p in points if 0 <= p <= top]
+        signature = {p: tuple(any(lo <= p <= hi for lo, hi in r) for r in sets) for p in points}
+        block_of = {p: [i for i, b in enumerate(blocks) if any(lo <= p <= hi for lo, hi in b)]
+                    for p in points}  # fmt: skip
+        for p in points:
+            if any(signature[p]) or with_rest:
+                assert len(block_of[p]) == 1, (sets, p, blocks)
+            else:
+                assert block_of[p] == [], (sets, p, blocks)
+        for p, q in itertools.combinations(points, 2):
+            if block_of[p] and block_of[q]:
+                assert (block_of[p] == block_of[q]) == (signature[p] == signature[q]), (sets, p, q)
