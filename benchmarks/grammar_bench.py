@@ -18,7 +18,9 @@ Python's cyclic garbage collector (`gc.freeze()`, as a server should after loadi
 so that a full collection of torch's and transformers' objects is not timed as grammar work.
 `--gc-threshold 20000` sets the collector's thresholds in every worker, as the engine's
 `gc_threshold` knob does.
-Ratio rows divide an engine's figure by llguidance's on the same subset and tokenizer.
+Ratio rows divide an engine's figure by llguidance's on the same subset and tokenizer; the
+"both compiled" ratio rows do so over the schemas both engines compiled only (an engine that
+refuses a schema in a millisecond has no mask times for it and a fast compile time).
 `--engines radixflow,radixflow-numpy,llguidance` adds radixflow with its masks by the numpy
 trie walk (`RADIXFLOW_GRAMMAR_NATIVE=0`), for the native walk's effect in the same run.
 `--failures` prints each failing schema with its first failure: the compile error, or the
@@ -370,6 +372,23 @@ def ratio_row(mine: Stats, peer: Stats) -> list[str]:
     ]
 
 
+def compiled_by_both(mine: Stats, peer: Stats) -> tuple[Stats, Stats] | None:
+    """The two engines' outcomes on the schemas both compiled (like for like: an engine that
+    refuses a schema has no compile or mask times for it); None if the runs differ."""
+    if len(mine.outcomes) != len(peer.outcomes):
+        return None
+    pairs = [(a, b) for a, b in zip(mine.outcomes, peer.outcomes, strict=True)
+             if _compiled(a) and _compiled(b)]  # fmt: skip
+    return Stats([a for a, _ in pairs]), Stats([b for _, b in pairs])
+
+
+def _compiled(outcome: Outcome) -> bool:
+    return outcome.compile_s is not None and outcome.status not in (
+        "compile_error",
+        "compile_timeout",
+    )
+
+
 HEADERS = [
     "tokenizer", "subset", "engine", "pass %", "passed", "invalid accepted",
     "compile err/timeout", "schema timeout", "compile p50/p99/max ms", f"compile > {SLOW_COMPILE_S:g} s",
@@ -434,6 +453,10 @@ def print_results(stats: dict[tuple[str, str, str], Stats], subsets: list[str]) 
         peer = stats.get((tok_name, subset, "llguidance"))
         if peer is not None and engine_name != "llguidance":
             rows.append([tok_name, subset, f"{engine_name} / llguidance", *ratio_row(got, peer)])
+            both = compiled_by_both(got, peer)
+            if both is not None:
+                label = f"{engine_name} / llguidance, both compiled"
+                rows.append([tok_name, subset, label, *ratio_row(*both)])
     rows.sort(key=lambda r: (r[0], [*subsets, "all"].index(r[1])))
     print()
     print_table(HEADERS, rows)

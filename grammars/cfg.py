@@ -415,12 +415,7 @@ class GrammarAutomaton:
         them (-1: dead); computed once per lexer state, which many parser states share."""
         got = self._groups.get(lex)
         if got is None:
-            values, inverse = np.unique(self.lexer.row(lex), return_inverse=True)
-            live = tuple(values.tolist())
-            inverse = inverse.reshape(-1).astype(np.int32)
-            if live[0] < 0:
-                live, inverse = live[1:], inverse - 1
-            got = self._groups[lex] = (live, inverse)
+            live, inverse = got = self._groups[lex] = self.lexer.byte_groups(lex)
             self.budget.charge(inverse.size * 4 + len(live) * 8 + DICT_ENTRY_BYTES)
         return got
 

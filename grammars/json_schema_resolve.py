@@ -290,8 +290,10 @@ class SchemaResolver:
                 continue
             if key not in out:
                 out[key] = val
-            elif key in ("properties", "additionalProperties"):
+            elif key in ("properties", "additionalProperties", "patternProperties"):
                 continue  # merged together below
+            elif out[key] == val:
+                continue  # a keyword holds with itself (x and x is x), anyOf/oneOf lists too
             elif key == "required":
                 out[key] = list(dict.fromkeys(list(out[key]) + list(val)))
             elif key == "type":
@@ -322,19 +324,27 @@ class SchemaResolver:
                 out[key] = {"allOf": [out[key], val]}
             elif out[key] != val:
                 raise ValueError(f"{where}: cannot merge differing {key!r} values in allOf")
-        if (
-            "properties" in a
-            or "properties" in b
-            or "additionalProperties" in a
-            or "additionalProperties" in b
-        ):
+        if any(k in part for part in (a, b) for k in _PROPERTY_KEYS):
             pa, pb = a.get("properties", {}), b.get("properties", {})
             xa, xb = a.get("additionalProperties", True), b.get("additionalProperties", True)
-            ppa, ppb = a.get("patternProperties"), b.get("patternProperties")
-            if (ppa and (xb not in (True, {}) or (ppb and ppb != ppa))) or (
-                ppb and xa not in (True, {})
+            ppa, ppb = a.get("patternProperties") or {}, b.get("patternProperties") or {}
+            # Patterns on both sides: a name matching only one side's patterns meets the other
+            # side's additionalProperties, which the merged patterns cannot say unless it is
+            # open (or the pattern is the other side's too).
+            if (set(ppb) - set(ppa) and xa not in (True, {})) or (
+                set(ppa) - set(ppb) and xb not in (True, {})
             ):
-                raise ValueError(f"{where}: cannot merge patternProperties in allOf")
+                raise ValueError(
+                    f"{where}: cannot merge patternProperties in allOf (a pattern only one part "
+                    "has would meet the other part's additionalProperties)"
+                )
+            if ppa or ppb:
+                out["patternProperties"] = {
+                    p: self.merge(self.inline(ppa[p], where), self.inline(ppb[p], where), where)
+                    if p in ppa and p in ppb
+                    else ppa.get(p, ppb.get(p))
+                    for p in {**ppa, **ppb}
+                }  # fmt: skip
             props = {}
             for k in list(pa) + [k for k in pb if k not in pa]:
                 sa = pa[k] if k in pa else _unlisted_schema(ppa, xa, k, self.deadline)
@@ -346,6 +356,9 @@ class SchemaResolver:
             out["properties"] = props
             out["additionalProperties"] = self.merge(xa, xb, where)
         return out
+
+
+_PROPERTY_KEYS = ("properties", "additionalProperties", "patternProperties")
 
 
 def _unlisted_schema(patterns: dict | None, additional, key: str, deadline: Deadline):

@@ -533,6 +533,20 @@ class LazyDFA:
                 got = by_targets.get(key)
                 row[a:b] = self._target_id(key) if got is None else got
 
+    def byte_groups(self, state: int) -> tuple[tuple[int, ...], np.ndarray]:
+        """The live targets of `state`'s row, in increasing order, and per byte the index of
+        its target among them (int32; -1: dead)."""
+        row = self.row(state)
+        inverse = np.empty(256, dtype=np.int32)
+        if self._native is not None:
+            return self._native.byte_groups(row, inverse), inverse
+        values, where = np.unique(row, return_inverse=True)
+        inverse[:] = where.reshape(-1)
+        live = tuple(values.tolist())
+        if live[0] < 0:
+            return live[1:], inverse - 1
+        return live, inverse
+
     def tags(self, state: int) -> tuple[int, ...]:
         """Tags of the accepting NFA states in `state` (kept: parser states share lexer states)."""
         got = self._tags.get(state)

@@ -94,6 +94,14 @@ CASES = [
     ({"type": "object", "properties": {"a": {}, "b": {}}, "not": {"required": ["a", "b"]}},
      [{"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {}, 3]),
     ({"type": "integer", "not": {"enum": [0, 3]}}, [0, 1, 3, -3]),
+    # allOf parts with patternProperties: the same patterns on both sides, closed or not
+    ({"allOf": [{"type": "object", "patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": False},
+                {"type": "object", "patternProperties": {"^x": {"minimum": 2}}, "properties": {"name": {"type": "string"}},
+                 "additionalProperties": False}]},
+     [{"x1": 3}, {"x1": 1}, {"x1": "a"}, {"name": "a"}, {"y": 1}, {}, {"x": 2, "xy": 5}]),
+    ({"allOf": [{"patternProperties": {"^a": {"type": "integer"}}}, {"patternProperties": {"b$": {"type": "string"}}},
+                {"properties": {"ab": {}, "c": {"type": "null"}}}]},
+     [{"ab": 1}, {"a": 1}, {"b": "s"}, {"b": 1}, {"c": None}, {"c": 1}, {"d": [True]}, {"ab": "s"}]),
     ({"type": "object", "properties": {"kind": {"type": "string"}, "n": {"type": "integer"}},
       "oneOf": [{"properties": {"kind": {"const": "a"}}, "required": ["kind"]},
                 {"properties": {"kind": {"enum": ["b", "c"]}}, "required": ["kind", "n"]}]},
@@ -127,5 +135,9 @@ def test_unprovable_one_of_and_not_forms_raise(smollm):
                                           {"type": "object", "properties": {"b": {}}}]})  # fmt: skip
     with pytest.raises(ValueError, match="'not' integer among numbers"):
         gc.compile_json_schema({"type": "number", "not": {"type": "integer"}})
+    with pytest.raises(ValueError, match="cannot merge patternProperties in allOf"):
+        gc.compile_json_schema({"allOf": [
+            {"patternProperties": {"^x": {}}, "additionalProperties": False},
+            {"patternProperties": {"^y": {}}, "additionalProperties": False}]})  # fmt: skip
     with pytest.raises(ValueError, match="unsupported form of 'not'"):
         gc.compile_json_schema({"not": {"anyOf": [{"type": "string"}]}})

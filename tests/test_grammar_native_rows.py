@@ -170,6 +170,26 @@ def test_the_ir_a_grammar_reads_is_left_out_of_the_cyclic_collector_and_still_fr
     assert gone() is None
 
 
+def test_byte_groups_in_c_match_numpy_unique(native, monkeypatch):
+    """A row's live targets (sorted) and each byte's index among them, which the CFG's rows
+    read per lexer state: the C count equals numpy's `unique` (the twin) on real rows and on
+    rows with many targets, a dead byte or none."""
+    with_c, twin = both(lambda: schema_automaton(SCHEMAS[0]), monkeypatch)
+    for state in range(len(explored(with_c, limit=40))):
+        assert twin.row(state).tolist() == with_c.row(state).tolist()
+        (live_c, inverse_c), (live_py, inverse_py) = (
+            with_c.dfa.byte_groups(state), twin.dfa.byte_groups(state))  # fmt: skip
+        assert live_c == live_py and inverse_c.tolist() == inverse_py.tolist()
+    rng = np.random.default_rng(0)
+    for row in (rng.integers(-1, 9, 256), rng.integers(0, 10**6, 256), np.full(256, 7)):
+        row = row.astype(np.int32)
+        inverse = np.empty(256, dtype=np.int32)
+        live = native_rows.dfa_rows().byte_groups(row, inverse)
+        expected = sorted(set(row.tolist()) - {-1})
+        assert list(live) == expected
+        assert [live[i] if i >= 0 else -1 for i in inverse.tolist()] == row.tolist()
+
+
 def test_the_dicts_of_state_numbers_stay_out_of_the_cyclic_collector(native):
     """The NFA's and DFA's dicts that map keys of ints to state numbers hold nothing a
     reference cycle can run through: they stay out of the collector's sight as rows grow
