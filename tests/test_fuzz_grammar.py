@@ -308,6 +308,11 @@ def object_schemas(draw, children) -> dict:
         schema["additionalProperties"] = draw(children)
     elif extra is not None:
         schema["additionalProperties"] = extra
+    if draw(st.integers(0, 3)) == 0:  # allOf parts with patterns merge where they can
+        patterns = draw(
+            st.lists(st.sampled_from(["^a", "b$", "^x-", "é"]), max_size=2, unique=True)
+        )
+        schema["patternProperties"] = {p: draw(children) for p in patterns}
     if draw(st.integers(0, 4)) == 0:
         schema["minProperties"] = draw(st.integers(0, 2))
     if draw(st.integers(0, 4)) == 0:
@@ -442,6 +447,49 @@ def test_random_schemas_compile_cleanly_and_walks_validate(compiler, schema, see
             pytest.fail(f"{what}: the grammar accepted non-JSON {text!r} ({exc})")
         errors = [e.message for e in validator.iter_errors(instance)]
         assert not errors, f"{what}: the grammar accepted {text!r}, invalid: {errors}"
+
+
+PART_LEAVES = st.sampled_from(
+    [{}, {"type": "integer"}, {"type": "string"}, {"type": "null"}, False, {"minimum": 2}]
+)
+
+
+@st.composite
+def pattern_objects(draw) -> dict:
+    """An object schema with declared names, patterns and additional properties, any of them
+    left out: the parts of an `allOf` that must merge exactly or be refused."""
+    schema: dict[str, Any] = {"type": "object"}
+    names = draw(st.lists(st.sampled_from(["a", "ab", "q"]), max_size=2, unique=True))
+    if names:
+        schema["properties"] = {n: draw(PART_LEAVES) for n in names}
+    patterns = draw(st.lists(st.sampled_from(["^a", "b$", "^x-"]), max_size=2, unique=True))
+    if patterns:
+        schema["patternProperties"] = {p: draw(PART_LEAVES) for p in patterns}
+    extra = draw(st.sampled_from([None, False, {}, {"type": "integer"}]))
+    if extra is not None:
+        schema["additionalProperties"] = extra
+    return schema
+
+
+@settings(max_examples=150)
+@given(parts=st.lists(pattern_objects(), min_size=2, max_size=3))
+def test_all_of_parts_with_patterns_merge_exactly_or_are_refused(compiler, parts):
+    """`allOf` over objects with properties, patternProperties and additionalProperties: the
+    merged grammar accepts a one-property object exactly when jsonschema finds it valid (each
+    name against each part's properties, patterns and additional properties), or the compile
+    is refused with a clear error."""
+    tok, gc = compiler
+    schema = {"allOf": parts}
+    what = f"schema {json.dumps(schema)}"
+    grammar = compile_clean(what, lambda: gc.compile_json_schema(schema))
+    if grammar is None:
+        return
+    validator = jsonschema.Draft202012Validator(schema)
+    for name in ["a", "ab", "q", "x-b", "b", "zz"]:
+        for value in [1, 3, "s", None]:
+            text = json.dumps({name: value}, separators=(",", ":"))
+            expected = validator.is_valid({name: value})
+            assert grammar_accepts(tok, grammar, text, check_masks=False) == expected, (what, text)
 
 
 @pytest.mark.parametrize(
