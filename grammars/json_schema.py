@@ -333,7 +333,8 @@ class SchemaConverter(ContainerConverter):
             k: v for k, v in schema.items() if k != key and (k in HANDLED or k == PROPERTY_CHAINS)
         }
         schemas = []
-        for i, sub in enumerate(schema[key]):
+        subs = _exactly_one_present(schema[key]) if key == "oneOf" else schema[key]
+        for i, sub in enumerate(subs):
             merged = (
                 interleaved(
                     rest,
@@ -483,3 +484,34 @@ def schema_to_ir(
     conv = SchemaConverter(schema, whitespace_pattern, deadline, free_depth, memo)
     ir = conv.convert(schema)
     return ir, conv.defs
+
+
+def _exactly_one_present(branches: list) -> list:
+    """`oneOf` branches that only list required names ("exactly one of these fields"), each
+    made to exclude the others: with its own names present, branch j fails only when a name
+    only j requires is absent, so where there is one such name it is forbidden
+    (`properties: {name: false}`), and a branch whose names include all of another's is never
+    the only match (False). Left as they are where a branch lacks two or more of another's
+    names, or where a branch holds anything but `required`."""
+    if not all(isinstance(b, dict) and set(b) == {"required"} for b in branches):
+        return branches
+    names = [set(b["required"]) for b in branches]
+    out: list = []
+    for i, own in enumerate(names):
+        absent, never = set(), False
+        for j, other in enumerate(names):
+            if j == i:
+                continue
+            missing = other - own
+            if not missing:
+                never = True
+            elif len(missing) == 1:
+                absent |= missing
+            else:
+                return branches
+        rewritten = {
+            "required": branches[i]["required"],
+            "properties": dict.fromkeys(absent, False),
+        }
+        out.append(False if never else rewritten)
+    return out

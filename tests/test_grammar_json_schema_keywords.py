@@ -94,6 +94,12 @@ CASES = [
     ({"type": "object", "properties": {"a": {}, "b": {}}, "not": {"required": ["a", "b"]}},
      [{"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {}, 3]),
     ({"type": "integer", "not": {"enum": [0, 3]}}, [0, 1, 3, -3]),
+    # "exactly one of these fields": oneOf branches that only list required names
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "s": {"type": "string"}, "u": {"type": "string"}},
+      "required": ["a"], "additionalProperties": False, "oneOf": [{"required": ["s"]}, {"required": ["u"]}]},
+     [{"a": 1, "s": "x"}, {"a": 1, "u": "x"}, {"a": 1, "s": "x", "u": "y"}, {"a": 1}, {"s": "x"}]),
+    ({"type": "object", "properties": {"s": {}, "u": {}}, "oneOf": [{"required": ["s"]}, {"required": ["s", "u"]}]},
+     [{"s": 1}, {"s": 1, "u": 2}, {"u": 2}, {}]),
     # allOf parts with patternProperties: the same patterns on both sides, closed or not
     ({"allOf": [{"type": "object", "patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": False},
                 {"type": "object", "patternProperties": {"^x": {"minimum": 2}}, "properties": {"name": {"type": "string"}},
