@@ -15,13 +15,48 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from .json_schema_resolve import HANDLED, UNSUPPORTED
 from .nfa import Deadline
-from .regex_algebra import ANY_CHAR, combine, overlaps
-from .regex_ir import Chars, parse_search_regex, star, word_prefix
-from .regex_terms import NEVER_TERM, Terms
+from .regex_algebra import ANY_CHAR, combine, overlaps, restrict_length
+from .regex_ir import Alt, Chars, literal, parse_search_regex, star, word_prefix
+from .regex_terms import NEVER, NEVER_TERM, Terms
 
 MAX_PATTERN_CLASSES = 256  # sets of patternProperties patterns that some name matches exactly
 ANY_NAME = star(Chars(ANY_CHAR))
+
+
+# What `propertyNames` may say of a name (a string): other keywords raise.
+NAME_KEYWORDS = {"type", "pattern", "minLength", "maxLength", "enum", "const"}
+
+
+def property_name_language(names, where: str, deadline: Deadline):
+    """IR (over code points) of the names `propertyNames` allows (`names`, its schema with
+    `$ref`s and `allOf` resolved), None when it allows every name."""
+    if names is True or names == {}:
+        return None
+    if names is False:
+        return NEVER
+    if not isinstance(names, dict):
+        raise ValueError(f"{where}/propertyNames: a schema must be an object or a boolean")
+    unknown = sorted(set(names) & (HANDLED | UNSUPPORTED) - NAME_KEYWORDS)
+    if unknown:
+        raise ValueError(
+            f"{where}/propertyNames: unsupported keyword(s) {', '.join(unknown)} (supported: "
+            f"{', '.join(sorted(NAME_KEYWORDS))})"
+        )
+    kinds = names.get("type", "string")
+    if "string" not in ([kinds] if isinstance(kinds, str) else kinds):
+        return NEVER  # names are strings
+    ir = ANY_NAME
+    if "enum" in names or "const" in names:
+        values = names["enum"] if "enum" in names else [names["const"]]
+        ir = Alt(tuple(literal(v) for v in dict.fromkeys(v for v in values if isinstance(v, str))))
+    if "pattern" in names:
+        ir = combine([ir, parse_search_regex(names["pattern"])], all, deadline)
+    lo, hi = int(names.get("minLength", 0)), names.get("maxLength")
+    if lo or hi is not None:
+        ir = restrict_length(ir, lo, None if hi is None else int(hi), deadline)
+    return ir
 
 
 class PatternNames:

@@ -16,6 +16,10 @@ declare belongs to the parent's chain. The chains are carried to the object by t
 schema key `PROPERTY_CHAINS`; when interleaving would need more than `MAX_INTERLEAVINGS`
 positions, the chains are written one after another (the merged schema's declared order).
 Properties not declared come after all declared ones.
+
+`propertyNames` (a pattern, length bounds, enum/const; `json_schema_names`) holds for every
+name: a declared name it refuses is dropped (the object is impossible if that name is required),
+and the other names are those it allows.
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ import itertools
 import math
 
 from .json_schema_disjoint import json_key
-from .json_schema_names import PatternNames
+from .json_schema_names import PatternNames, property_name_language
 from .json_schema_strings import compact_json, json_chars, json_string_literal
-from .regex_algebra import exclude_words
+from .regex_algebra import combine, exclude_words, matches
 from .regex_ir import (
     EMPTY,
     Alt,
@@ -127,8 +131,14 @@ class ContainerConverter:
         required = list(schema.get("required", []))
         extra_schema = schema.get("additionalProperties", True)
         patterns = PatternNames(schema.get("patternProperties", {}), self.deadline)
+        names = schema.get("propertyNames", True)
+        if isinstance(names, dict):
+            names = self.schemas.flatten(names, f"{where}/propertyNames")
+        allowed = property_name_language(names, where, self.deadline)
 
         def schema_of(key: str, declared):
+            if allowed is not None and not matches(allowed, key, self.deadline):
+                return False  # a name `propertyNames` does not allow
             hits = [s for s, on in zip(patterns.schemas, patterns.matched(key), strict=True) if on]
             if declared is None:
                 return {"allOf": hits} if hits else extra_schema
@@ -146,7 +156,7 @@ class ContainerConverter:
             pair = seq(json_string_literal(key), self._tok(":"), value)
             entries[key] = (pair, key in required)
         chains = [[entries[k] for k in chain] for chain in property_chains(schema, list(entries))]
-        extra = self._extra_pair([k for k, _ in declared], patterns, extra_schema, where)
+        extra = self._extra_pair([k for k, _ in declared], patterns, allowed, extra_schema, where)
         lo, hi = int(schema.get("minProperties", 0)), schema.get("maxProperties")
         hi = None if hi is None else int(hi)
         cap = lo if hi is None else hi + 1
@@ -204,8 +214,11 @@ class ContainerConverter:
         start = rest[(0,) * len(chains), 0, True]
         return seq(literal("{"), self.ws, start, self.ws, literal("}"))
 
-    def _extra_pair(self, declared: list[str], patterns: PatternNames, extra_schema, where: str):
-        """IR of one `"name":value` pair for a property not declared, or None if none may be."""
+    def _extra_pair(
+        self, declared: list[str], patterns: PatternNames, allowed, extra_schema, where: str
+    ):
+        """IR of one `"name":value` pair for a property not declared, or None if none may be;
+        names are those `allowed` (IR over code points, None for any)."""
         signatures = {key: patterns.matched(key) for key in declared}
         options = []
         for chosen in patterns.classes(where):
@@ -217,6 +230,8 @@ class ContainerConverter:
             # Declared names in this class are written where declared.
             taken = [k for k in declared if signatures[k] == chosen]
             names = exclude_words(patterns.names(chosen), taken, self.deadline)
+            if allowed is not None and names is not NEVER:
+                names = combine([names, allowed], all, self.deadline)
             if names is NEVER:
                 continue
             value = self.convert(sub, f"{where}/additionalProperties")

@@ -38,12 +38,12 @@ HANDLED = {
     "allOf", "$ref", "items", "prefixItems", "additionalItems", "minItems", "maxItems",
     "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
     "exclusiveMaximum", "patternProperties", "minProperties", "maxProperties", "dependencies",
-    "dependentRequired", "dependentSchemas", "not", "uniqueItems", "multipleOf",
+    "dependentRequired", "dependentSchemas", "not", "uniqueItems", "multipleOf", "propertyNames",
 }  # fmt: skip
 # Keywords with validation meaning (drafts 3 to 2020-12) that are not implemented: they raise.
 # Keywords outside the JSON Schema vocabularies are annotations by the spec and change nothing.
 UNSUPPORTED = {
-    "if", "then", "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
+    "if", "then", "else", "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
     "$dynamicRef", "$recursiveRef", "$recursiveAnchor", "extends",
     "disallow", "divisibleBy",
 }  # fmt: skip

@@ -43,8 +43,13 @@ MAX_STATES = GrammarLimits().max_states  # the default of the grammar_max_states
 
 def search(pattern: str, text: str, deadline: Deadline | None = None) -> bool:
     """Whether `re.search(pattern, text)` finds a match (ValueError if `pattern` is not regular)."""
+    return matches(parse_search_regex(pattern), text, deadline)
+
+
+def matches(ir, text: str, deadline: Deadline | None = None) -> bool:
+    """Whether `text` (code points) is a word of `ir`, in time linear in the text."""
     terms = Terms(deadline)
-    t = terms.term(parse_search_regex(pattern))
+    t = terms.term(ir)
     for ch in text:
         terms.deadline.check()
         t = terms.deriv(t, ord(ch))

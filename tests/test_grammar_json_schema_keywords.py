@@ -94,6 +94,13 @@ CASES = [
     ({"type": "object", "properties": {"a": {}, "b": {}}, "not": {"required": ["a", "b"]}},
      [{"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {}, 3]),
     ({"type": "integer", "not": {"enum": [0, 3]}}, [0, 1, 3, -3]),
+    # propertyNames: declared names it refuses are dropped, other names meet it too
+    ({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}, [{}, {"ab": 1}, {"Ab": 1}, {"a1": 2}, {"ab": 1, "cd": [2]}]),
+    ({"type": "object", "propertyNames": {"maxLength": 2, "minLength": 1}, "properties": {"abc": {}, "x": {}}},
+     [{"x": 1}, {"abc": 1}, {"yz": 2}, {"xyz": 3}, {"": 0}]),
+    ({"type": "object", "propertyNames": {"enum": ["a", "b", 3]}, "additionalProperties": {"type": "integer"}},
+     [{"a": 1}, {"b": 2}, {"c": 1}, {"a": "s"}, {"3": 1}]),
+    ({"type": "object", "propertyNames": False}, [{}, {"a": 1}]),
     # "exactly one of these fields": oneOf branches that only list required names
     ({"type": "object", "properties": {"a": {"type": "integer"}, "s": {"type": "string"}, "u": {"type": "string"}},
       "required": ["a"], "additionalProperties": False, "oneOf": [{"required": ["s"]}, {"required": ["u"]}]},
@@ -145,5 +152,7 @@ def test_unprovable_one_of_and_not_forms_raise(smollm):
         gc.compile_json_schema({"allOf": [
             {"patternProperties": {"^x": {}}, "additionalProperties": False},
             {"patternProperties": {"^y": {}}, "additionalProperties": False}]})  # fmt: skip
+    with pytest.raises(ValueError, match="propertyNames: unsupported keyword.s. format"):
+        gc.compile_json_schema({"type": "object", "propertyNames": {"format": "email"}})
     with pytest.raises(ValueError, match="unsupported form of 'not'"):
         gc.compile_json_schema({"not": {"anyOf": [{"type": "string"}]}})
