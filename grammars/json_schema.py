@@ -64,6 +64,7 @@ specification and are ignored.
 from __future__ import annotations
 
 import functools
+import itertools
 
 from .budget import GrammarLimits
 from .disjoint import check_disjoint
@@ -78,6 +79,7 @@ from .json_schema_objects import (
 )
 from .json_schema_resolve import (
     HANDLED,
+    MAX_MERGED_BRANCHES,
     TYPES,
     UNSUPPORTED,
     SchemaResolver,
@@ -259,7 +261,8 @@ class SchemaConverter(ContainerConverter):
 
     # ---- combinators ---------------------------------------------------------------------
     def _not(self, schema, where: str):
-        """`not` of a type, const/enum of scalars, required names or a pattern."""
+        """`not` of a type, const/enum of scalars, required names (or anyOf of them) or a
+        pattern."""
         neg = self.schemas.inline(schema["not"], f"{where}/not")
         pos = {k: v for k, v in schema.items() if k != "not"}
         if neg is True or neg == {}:
@@ -275,13 +278,16 @@ class SchemaConverter(ContainerConverter):
                 raise ValueError(f"{where}: 'not' integer among numbers is not supported")
             kept = [t for t in types if t not in bad and not (t == "integer" and "number" in bad)]
             return self.convert({**pos, "type": kept}, where) if kept else NEVER
-        if keys == {"required"}:
+        absent = self._absent_names(neg, keys, where)
+        if absent is not None:
             options = [
                 self.convert(
-                    self.schemas.merge(pos, {"type": "object", "properties": {k: False}}, where),
+                    self.schemas.merge(
+                        pos, {"type": "object", "properties": dict.fromkeys(names, False)}, where
+                    ),
                     where,
                 )
-                for k in dict.fromkeys(neg["required"])
+                for names in absent
             ]
             return Alt(tuple(options))
         if keys == {"pattern"} or keys == {"type", "pattern"} and neg["type"] == "string":
@@ -322,8 +328,33 @@ class SchemaConverter(ContainerConverter):
                 raise ValueError(f"{where}: unsupported 'not' of const/enum: {exc}") from None
         raise ValueError(
             f"{where}: unsupported form of 'not' (supported: not of type, const/enum of scalars, "
-            "required, pattern)"
+            "required names (or anyOf of them), pattern)"
         )
+
+    def _absent_names(self, neg, keys: set, where: str) -> list[list[str]] | None:
+        """For `not` of required names (`{"required": R}`, or `anyOf` of such): the sets of
+        names one of which must all be absent (one name from each R; the smallest sets only),
+        None for any other `not`. `not` holds of objects only: `required` holds of the rest."""
+        if keys == {"required"}:
+            lists = [neg["required"]]
+        elif keys == {"anyOf"}:
+            parts = [self.schemas.inline(b, f"{where}/not/anyOf") for b in neg["anyOf"]]
+            if not all(
+                isinstance(b, dict) and set(b) & (HANDLED | UNSUPPORTED) == {"required"}
+                for b in parts
+            ):
+                return None
+            lists = [b["required"] for b in parts]
+        else:
+            return None
+        picks = {frozenset(p) for p in itertools.product(*(dict.fromkeys(r) for r in lists))}
+        if len(picks) > MAX_MERGED_BRANCHES:
+            raise ValueError(
+                f"{where}: 'not' of these required names makes more than {MAX_MERGED_BRANCHES} "
+                "cases (MAX_MERGED_BRANCHES)"
+            )
+        smallest = [p for p in picks if not any(q < p for q in picks)]
+        return sorted(sorted(p) for p in smallest)
 
     def _alternatives(self, schema, where: str):
         key = "anyOf" if "anyOf" in schema else "oneOf"

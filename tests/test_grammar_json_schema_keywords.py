@@ -94,6 +94,10 @@ CASES = [
     ({"type": "object", "properties": {"a": {}, "b": {}}, "not": {"required": ["a", "b"]}},
      [{"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {}, 3]),
     ({"type": "integer", "not": {"enum": [0, 3]}}, [0, 1, 3, -3]),
+    # not of anyOf of required names: not all of each list present
+    ({"properties": {"d": {}, "x": {}, "y": {}},
+      "not": {"anyOf": [{"required": ["d", "x"]}, {"required": ["d", "y"]}]}},
+     [{}, {"d": 1}, {"x": 1, "y": 2}, {"d": 1, "x": 2}, {"d": 1, "y": 2}, {"d": 1, "x": 2, "y": 3}, 5, "s"]),
     # propertyNames: declared names it refuses are dropped, other names meet it too
     ({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}, [{}, {"ab": 1}, {"Ab": 1}, {"a1": 2}, {"ab": 1, "cd": [2]}]),
     ({"type": "object", "propertyNames": {"maxLength": 2, "minLength": 1}, "properties": {"abc": {}, "x": {}}},
