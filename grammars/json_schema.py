@@ -523,8 +523,10 @@ def _exactly_one_present(branches: list) -> list:
     only j requires is absent, so where there is one such name it is forbidden
     (`properties: {name: false}`), and a branch whose names include all of another's is never
     the only match (False). Left as they are where a branch lacks two or more of another's
-    names, or where a branch holds anything but `required`."""
-    if not all(isinstance(b, dict) and set(b) == {"required"} for b in branches):
+    names, or where a branch holds any keyword but `required` (annotations aside)."""
+    if not all(
+        isinstance(b, dict) and set(b) & (HANDLED | UNSUPPORTED) == {"required"} for b in branches
+    ):
         return branches
     names = [set(b["required"]) for b in branches]
     out: list = []
@@ -542,7 +544,7 @@ def _exactly_one_present(branches: list) -> list:
                 return branches
         rewritten = {
             "required": branches[i]["required"],
-            "properties": dict.fromkeys(absent, False),
+            "properties": dict.fromkeys(sorted(absent), False),
         }
         out.append(False if never else rewritten)
     return out

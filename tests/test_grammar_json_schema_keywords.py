@@ -107,7 +107,7 @@ CASES = [
     ({"type": "object", "propertyNames": False}, [{}, {"a": 1}]),
     # "exactly one of these fields": oneOf branches that only list required names
     ({"type": "object", "properties": {"a": {"type": "integer"}, "s": {"type": "string"}, "u": {"type": "string"}},
-      "required": ["a"], "additionalProperties": False, "oneOf": [{"required": ["s"]}, {"required": ["u"]}]},
+      "required": ["a"], "additionalProperties": False, "oneOf": [{"required": ["s"], "description": "s"}, {"required": ["u"]}]},
      [{"a": 1, "s": "x"}, {"a": 1, "u": "x"}, {"a": 1, "s": "x", "u": "y"}, {"a": 1}, {"s": "x"}]),
     ({"type": "object", "properties": {"s": {}, "u": {}}, "oneOf": [{"required": ["s"]}, {"required": ["s", "u"]}]},
      [{"s": 1}, {"s": 1, "u": 2}, {"u": 2}, {}]),
