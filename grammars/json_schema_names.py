@@ -49,7 +49,9 @@ def property_name_language(names, where: str, deadline: Deadline):
         return NEVER  # names are strings
     ir = ANY_NAME
     if "enum" in names or "const" in names:
-        values = names["enum"] if "enum" in names else [names["const"]]
+        values = list(names["enum"]) if "enum" in names else [names["const"]]
+        if "const" in names:
+            values = [v for v in values if v == names["const"]]
         ir = Alt(tuple(literal(v) for v in dict.fromkeys(v for v in values if isinstance(v, str))))
     if "pattern" in names:
         ir = combine([ir, parse_search_regex(names["pattern"])], all, deadline)

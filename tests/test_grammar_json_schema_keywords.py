@@ -105,6 +105,7 @@ CASES = [
     ({"type": "object", "propertyNames": {"enum": ["a", "b", 3]}, "additionalProperties": {"type": "integer"}},
      [{"a": 1}, {"b": 2}, {"c": 1}, {"a": "s"}, {"3": 1}]),
     ({"type": "object", "propertyNames": False}, [{}, {"a": 1}]),
+    ({"type": "object", "propertyNames": {"enum": ["a", "b"], "const": "b"}}, [{"a": 1}, {"b": 1}, {}]),
     # "exactly one of these fields": oneOf branches that only list required names
     ({"type": "object", "properties": {"a": {"type": "integer"}, "s": {"type": "string"}, "u": {"type": "string"}},
       "required": ["a"], "additionalProperties": False, "oneOf": [{"required": ["s"], "description": "s"}, {"required": ["u"]}]},
