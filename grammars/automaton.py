@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from .budget import GrammarBudget
-from .nfa import NFA, Deadline, LazyDFA, nfa_nbytes
+from .nfa import NFA, Deadline, EmptyLanguage, LazyDFA, nfa_nbytes
 
 
 class ByteAutomaton(Protocol):
@@ -45,7 +45,7 @@ class RegexAutomaton:
         self.dfa.untrack_ir(ir)
         self.initial = self.dfa.intern([start])
         if self.initial < 0:
-            raise ValueError("the grammar matches no text")
+            raise EmptyLanguage("the grammar matches no text")
         self.lock = threading.RLock()
 
     def row(self, state: int) -> np.ndarray:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .budget import GrammarBudget
-from .nfa import NFA, Deadline, LazyDFA, nfa_nbytes
+from .nfa import NFA, Deadline, EmptyLanguage, LazyDFA, nfa_nbytes
 from .regex_ir import Alt, Chars, Dfa, Ref, Repeat, Seq, fold
 from .states import DICT_ENTRY_BYTES, StateRows
 
@@ -372,7 +372,7 @@ class GrammarAutomaton:
         self.lock = threading.RLock()
         self.initial = self._intern(self._fresh(self.parser.root))
         if self.initial < 0:
-            raise ValueError("grammar matches no text")
+            raise EmptyLanguage("the grammar matches no text")
 
     def lex_start(self, node: int) -> int:
         """The lexer state that starts a lexeme after Earley set `node` (its number)."""

@@ -86,7 +86,7 @@ from .json_schema_resolve import (
     ref_siblings_apply,
 )
 from .json_schema_strings import FORMATS, JSON_CHAR, compact_json, spellings, string_ir
-from .nfa import CompileTimeout, Deadline
+from .nfa import CompileTimeout, Deadline, EmptyLanguage
 from .regex_algebra import combine
 from .regex_ir import EMPTY, Alt, Ref, alt, literal, opt, parse_regex, seq, star
 from .regex_terms import NEVER
@@ -438,7 +438,10 @@ class SchemaConverter(ContainerConverter):
         if rest:
             from .automaton import RegexAutomaton
 
-            automaton = RegexAutomaton(self.convert(rest, where), self.deadline)
+            try:
+                automaton = RegexAutomaton(self.convert(rest, where), self.deadline)
+            except EmptyLanguage:
+                return []  # the other keywords allow no value
             by_text = {
                 t: v
                 for t, v in by_text.items()

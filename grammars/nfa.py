@@ -73,6 +73,10 @@ class CompileTimeout(ValueError):
     """Grammar compilation ran past its time limit (a ValueError: the input is at fault)."""
 
 
+class EmptyLanguage(ValueError):
+    """The grammar matches no text at all (an unsatisfiable schema, say)."""
+
+
 class Deadline:
     """A wall-clock limit checked at loop heads during compilation."""
 

@@ -98,6 +98,10 @@ CASES = [
     ({"properties": {"d": {}, "x": {}, "y": {}},
       "not": {"anyOf": [{"required": ["d", "x"]}, {"required": ["d", "y"]}]}},
      [{}, {"d": 1}, {"x": 1, "y": 2}, {"d": 1, "x": 2}, {"d": 1, "y": 2}, {"d": 1, "x": 2, "y": 3}, 5, "s"]),
+    # a property whose schema no value meets (object and string at once) is left out
+    ({"type": "object", "properties": {"t": {"type": "object", "oneOf": [
+        {"type": "string", "enum": ["a"]}, {"type": "string", "pattern": "x"}]}}},
+     [{}, {"t": "a"}, {"t": {}}, {"u": 1}]),
     # propertyNames: declared names it refuses are dropped, other names meet it too
     ({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}, [{}, {"ab": 1}, {"Ab": 1}, {"a1": 2}, {"ab": 1, "cd": [2]}]),
     ({"type": "object", "propertyNames": {"maxLength": 2, "minLength": 1}, "properties": {"abc": {}, "x": {}}},
