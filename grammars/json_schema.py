@@ -379,8 +379,38 @@ class SchemaConverter(ContainerConverter):
             schemas = self._drop_shared_types(schemas, where)
         branches = [self.convert(s, f"{where}/{key}/{i}") for i, s in enumerate(schemas)]
         if key == "oneOf":
-            self._check_exclusive(schemas, branches, where)
+            try:
+                self._check_exclusive(schemas, branches, where)
+            except CompileTimeout:
+                raise
+            except ValueError as unproven:
+                branches = self._separated_by_required(schemas, where, unproven)
         return Alt(tuple(branches))
+
+    def _separated_by_required(self, schemas: list, where: str, unproven: ValueError) -> list:
+        """IR of `oneOf` branches the prover cannot keep apart, each taken only where, for every
+        other branch, a name that branch requires beyond this one's is absent: sound (what it
+        allows matches this branch and no other), though an object that fails another branch
+        only by a value, with all its names present, is left out. Raises `unproven` where a
+        branch requires no name beyond another's, already holds a `not`, or the cases pass
+        `MAX_MERGED_BRANCHES`."""
+        flat = [self.schemas.flatten(s, f"{where}/oneOf/{i}") for i, s in enumerate(schemas)]
+        if not all(isinstance(s, dict) and "not" not in s for s in flat):
+            raise unproven
+        required = [set(s.get("required", [])) for s in flat]
+        out = []
+        for i, s in enumerate(flat):
+            beyond = [sorted(required[j] - required[i]) for j in range(len(flat)) if j != i]
+            if not all(beyond):
+                raise unproven
+            others = {"anyOf": [{"required": names} for names in beyond]}
+            try:
+                out.append(self.convert({**s, "not": others}, f"{where}/oneOf/{i}"))
+            except CompileTimeout:
+                raise
+            except ValueError:
+                raise unproven from None
+        return out
 
     def _prover(self, where: str) -> DisjointProver:
         inline = lambda s: self.schemas.flatten(s, where)  # noqa: E731
