@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from .json_schema_numbers import check_numbers
 from .json_schema_resolve import HANDLED, UNSUPPORTED
 from .nfa import Deadline
 from .regex_algebra import ANY_CHAR, combine, overlaps, restrict_length
@@ -38,6 +39,7 @@ def property_name_language(names, where: str, deadline: Deadline):
         return NEVER
     if not isinstance(names, dict):
         raise ValueError(f"{where}/propertyNames: a schema must be an object or a boolean")
+    check_numbers(names, f"{where}/propertyNames")
     unknown = sorted(set(names) & (HANDLED | UNSUPPORTED) - NAME_KEYWORDS)
     if unknown:
         raise ValueError(

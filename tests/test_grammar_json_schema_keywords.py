@@ -183,5 +183,7 @@ def test_unprovable_one_of_and_not_forms_raise(smollm):
             {"patternProperties": {"^y": {}}, "additionalProperties": False}]})  # fmt: skip
     with pytest.raises(ValueError, match="propertyNames: unsupported keyword.s. format"):
         gc.compile_json_schema({"type": "object", "propertyNames": {"format": "email"}})
+    with pytest.raises(ValueError, match="propertyNames: maxLength must be a non-negative integer"):
+        gc.compile_json_schema({"type": "object", "propertyNames": {"maxLength": "8"}})
     with pytest.raises(ValueError, match="unsupported form of 'not'"):
         gc.compile_json_schema({"not": {"anyOf": [{"type": "string"}]}})
