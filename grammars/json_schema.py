@@ -364,8 +364,7 @@ class SchemaConverter(ContainerConverter):
             k: v for k, v in schema.items() if k != key and (k in HANDLED or k == PROPERTY_CHAINS)
         }
         schemas = []
-        subs = _exactly_one_present(schema[key]) if key == "oneOf" else schema[key]
-        for i, sub in enumerate(subs):
+        for i, sub in enumerate(schema[key]):
             merged = (
                 interleaved(
                     rest,
@@ -389,23 +388,37 @@ class SchemaConverter(ContainerConverter):
 
     def _separated_by_required(self, schemas: list, where: str, unproven: ValueError) -> list:
         """IR of `oneOf` branches the prover cannot keep apart, each taken only where, for every
-        other branch, a name that branch requires beyond this one's is absent: sound (what it
-        allows matches this branch and no other), though an object that fails another branch
-        only by a value, with all its names present, is left out. Raises `unproven` where a
-        branch requires no name beyond another's, already holds a `not`, or the cases pass
-        `MAX_MERGED_BRANCHES`."""
+        other branch, a name that branch requires beyond this one's is absent; a branch whose
+        other keywords equal another's and which requires all of that one's names is never the
+        only match. Exact where the branches differ only in `required` ("exactly one of these
+        fields"); otherwise sound (what a branch allows matches it and no other), though an
+        object that fails another branch only by a value, with all its names present, is left
+        out. Raises `unproven` where that does not hold, a branch already holds a `not`, or
+        the cases pass `MAX_MERGED_BRANCHES`."""
         flat = [self.schemas.flatten(s, f"{where}/oneOf/{i}") for i, s in enumerate(schemas)]
         if not all(isinstance(s, dict) and "not" not in s for s in flat):
             raise unproven
         required = [set(s.get("required", [])) for s in flat]
+        others = [{k: v for k, v in s.items() if k != "required"} for s in flat]
         out = []
         for i, s in enumerate(flat):
-            beyond = [sorted(required[j] - required[i]) for j in range(len(flat)) if j != i]
-            if not all(beyond):
-                raise unproven
-            others = {"anyOf": [{"required": names} for names in beyond]}
+            beyond, never = [], False
+            for j in range(len(flat)):
+                if j == i:
+                    continue
+                names = sorted(required[j] - required[i])
+                if names:
+                    beyond.append(names)
+                elif others[j] == others[i]:
+                    never = True  # every value of this branch matches branch j too
+                else:
+                    raise unproven
+            if never:
+                out.append(NEVER)
+                continue
+            others_absent = {"anyOf": [{"required": names} for names in beyond]}
             try:
-                out.append(self.convert({**s, "not": others}, f"{where}/oneOf/{i}"))
+                out.append(self.convert({**s, "not": others_absent}, f"{where}/oneOf/{i}"))
             except CompileTimeout:
                 raise
             except ValueError:
@@ -548,36 +561,3 @@ def schema_to_ir(
     conv = SchemaConverter(schema, whitespace_pattern, deadline, free_depth, memo)
     ir = conv.convert(schema)
     return ir, conv.defs
-
-
-def _exactly_one_present(branches: list) -> list:
-    """`oneOf` branches that only list required names ("exactly one of these fields"), each
-    made to exclude the others: with its own names present, branch j fails only when a name
-    only j requires is absent, so where there is one such name it is forbidden
-    (`properties: {name: false}`), and a branch whose names include all of another's is never
-    the only match (False). Left as they are where a branch lacks two or more of another's
-    names, or where a branch holds any keyword but `required` (annotations aside)."""
-    if not all(
-        isinstance(b, dict) and set(b) & (HANDLED | UNSUPPORTED) == {"required"} for b in branches
-    ):
-        return branches
-    names = [set(b["required"]) for b in branches]
-    out: list = []
-    for i, own in enumerate(names):
-        absent, never = set(), False
-        for j, other in enumerate(names):
-            if j == i:
-                continue
-            missing = other - own
-            if not missing:
-                never = True
-            elif len(missing) == 1:
-                absent |= missing
-            else:
-                return branches
-        rewritten = {
-            "required": branches[i]["required"],
-            "properties": dict.fromkeys(sorted(absent), False),
-        }
-        out.append(False if never else rewritten)
-    return out
