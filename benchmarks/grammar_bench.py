@@ -22,7 +22,9 @@ Ratio rows divide an engine's figure by llguidance's on the same subset and toke
 "both compiled" ratio rows do so over the schemas both engines compiled only (an engine that
 refuses a schema in a millisecond has no mask times for it and a fast compile time).
 `--engines radixflow,radixflow-numpy,llguidance` adds radixflow with its masks by the numpy
-trie walk (`RADIXFLOW_GRAMMAR_NATIVE=0`), for the native walk's effect in the same run.
+trie walk (`RADIXFLOW_GRAMMAR_NATIVE=0`), for the native walk's effect in the same run;
+`radixflow-any-order` is radixflow accepting an object's members in any order
+(`grammar_json_key_order="any"`; the default, as the peers, follows `properties` order).
 `--failures` prints each failing schema with its first failure: the compile error, or the
 instance that was wrongly accepted or rejected with the byte offset of the rejected token.
 `--store results.json` keeps each run's outcomes, so that a later run of one engine is tabled
@@ -70,11 +72,15 @@ def load_tokenizer(name: str):
 
 class Radixflow:
     name = "radixflow"
+    key_order = "declared"
 
     def __init__(self, tok, vocab):
-        from radixflow.grammars import GrammarCompiler, allocate_token_bitmask
+        from radixflow.grammars import GrammarCompiler, GrammarLimits, allocate_token_bitmask
 
-        self.gc = GrammarCompiler(tok, vocab_size=vocab, compile_timeout=COMPILE_LIMIT_S)
+        limits = GrammarLimits(json_key_order=self.key_order)
+        self.gc = GrammarCompiler(
+            tok, vocab_size=vocab, compile_timeout=COMPILE_LIMIT_S, limits=limits
+        )
         self.mask = allocate_token_bitmask(1, vocab)
 
     def compile(self, schema):
@@ -100,6 +106,13 @@ class RadixflowNumpyWalk(Radixflow):
 
         os.environ[NATIVE_ENV] = "0"  # read once, at this worker's first mask
         super().__init__(tok, vocab)
+
+
+class RadixflowAnyOrder(Radixflow):
+    """radixflow with an object's members in any order (`grammar_json_key_order="any"`)."""
+
+    name = "radixflow-any-order"
+    key_order = "any"
 
 
 class LLGuidance:
@@ -192,7 +205,15 @@ class OutlinesCore:
 
 
 ENGINES = {
-    cls.name: cls for cls in (Radixflow, RadixflowNumpyWalk, LLGuidance, XGrammar, OutlinesCore)
+    cls.name: cls
+    for cls in (
+        Radixflow,
+        RadixflowNumpyWalk,
+        RadixflowAnyOrder,
+        LLGuidance,
+        XGrammar,
+        OutlinesCore,
+    )
 }
 
 

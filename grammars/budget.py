@@ -24,6 +24,9 @@ class GrammarBudgetExceeded(ValueError):
         self.detail = detail
 
 
+JSON_KEY_ORDERS = ("declared", "any")
+
+
 @dataclass(frozen=True)
 class GrammarLimits:
     """What one grammar may build once compiled, and how long one matcher call may work; also
@@ -41,10 +44,18 @@ class GrammarLimits:
     # Arrays/objects a JSON value the schema leaves free may nest. The IR is linear in the
     # depth and the automaton is built as it is walked, so only the depths used cost anything.
     free_value_depth: int = 16
+    # An object's members: in `properties` order ("declared", what the peers and OpenAI's
+    # structured outputs generate) or in any order ("any", as JSON Schema validates them).
+    json_key_order: str = "declared"
 
     def __post_init__(self) -> None:
+        if self.json_key_order not in JSON_KEY_ORDERS:
+            raise ValueError(
+                f"json_key_order must be one of {', '.join(JSON_KEY_ORDERS)}, "
+                f"got {self.json_key_order!r}"
+            )
         for f in fields(self):
-            if not getattr(self, f.name) > 0:
+            if f.name != "json_key_order" and not getattr(self, f.name) > 0:
                 raise ValueError(
                     f"grammar limit {f.name} must be positive, got {getattr(self, f.name)}"
                 )

@@ -214,6 +214,7 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
                 deadline,
                 self.limits.free_value_depth,
                 shared_memo(),
+                self.limits.json_key_order,
             )
             if not defs:
                 return RegexAutomaton(ir, deadline)

@@ -13,7 +13,10 @@ Generated form (what a model is made to write):
   branch is merged with its parent's own properties, the branch's own properties may
   interleave with the parent's, each side in its order (the rule: `json_schema_objects`);
   additional properties (allowed unless `additionalProperties` is false) come after the
-  declared ones, with keys different from the declared ones;
+  declared ones, with keys different from the declared ones; with `key_order` "any"
+  (`GrammarLimits.json_key_order`) members come in any order, declared and additional ones
+  alike, each declared one at most once (`json_schema_key_order`), except where a member's
+  value holds a rule (a recursive `$ref`) or past `MAX_ANY_ORDER_PROPERTIES` properties;
 - strings use the shortest JSON escapes (`\\"`, `\\\\`, `\\n`, `\\u001f`, ...) and never
   `\\uXXXX` for characters that need no escape inside constrained keys;
 - integers without fraction or exponent; numbers with a fraction and exponent allowed, except
@@ -102,11 +105,13 @@ class SchemaConverter(ContainerConverter):
         deadline: Deadline,
         free_depth: int,
         memo: SubschemaMemo | None = None,
+        key_order: str = GrammarLimits.json_key_order,
     ):
         self.deadline = deadline
         self.memo = memo  # sub-schema IR shared with other compiles
+        self.key_order = key_order
         # what the memo keys on beside the schema (the draft: whether `$ref` siblings apply)
-        self._options = (whitespace_pattern, free_depth, ref_siblings_apply(root))
+        self._options = (whitespace_pattern, free_depth, key_order, ref_siblings_apply(root))
         self.schemas = SchemaResolver(root, deadline, None if memo is None else memo.number)
         self.ws = EMPTY if whitespace_pattern is None else parse_regex(whitespace_pattern)
         self.defs: dict[str, object] = {}
@@ -548,16 +553,18 @@ def schema_to_ir(
     deadline: Deadline,
     free_depth: int = GrammarLimits.free_value_depth,
     memo: SubschemaMemo | None = None,
+    key_order: str = GrammarLimits.json_key_order,
 ):
     """(IR of the top-level value, {ref: IR} of recursive definitions; empty when regular).
 
-    Values the schema leaves free nest at most `free_depth` arrays/objects deep. With `memo`
+    Values the schema leaves free nest at most `free_depth` arrays/objects deep; an object's
+    members come in declared order, or in any order with `key_order` "any". With `memo`
     (`json_schema_memo.shared_memo()`), sub-schemas that earlier compiles converted reading the
     same `$ref` targets are taken from it, and this compile's are added."""
     if not isinstance(schema, (dict, bool)):
         raise ValueError(
             f"a JSON schema must be an object or a boolean, got {type(schema).__name__}"
         )
-    conv = SchemaConverter(schema, whitespace_pattern, deadline, free_depth, memo)
+    conv = SchemaConverter(schema, whitespace_pattern, deadline, free_depth, memo, key_order)
     ir = conv.convert(schema)
     return ir, conv.defs

@@ -15,7 +15,8 @@ orders a b c d, c d a b and a c b d are accepted, b a and d c are not. A propert
 declare belongs to the parent's chain. The chains are carried to the object by the private
 schema key `PROPERTY_CHAINS`; when interleaving would need more than `MAX_INTERLEAVINGS`
 positions, the chains are written one after another (the merged schema's declared order).
-Properties not declared come after all declared ones.
+Properties not declared come after all declared ones. With `key_order` "any" none of this
+applies: the members come in any order (`json_schema_key_order`).
 
 `propertyNames` (a pattern, length bounds, enum/const; `json_schema_names`) holds for every
 name: a declared name it refuses is dropped (the object is impossible if that name is required),
@@ -28,6 +29,7 @@ import itertools
 import math
 
 from .json_schema_disjoint import json_key
+from .json_schema_key_order import any_order_members
 from .json_schema_names import PatternNames, property_name_language
 from .json_schema_strings import compact_json, json_chars, json_string_literal
 from .regex_algebra import combine, exclude_words, matches
@@ -155,12 +157,16 @@ class ContainerConverter:
                 continue
             pair = seq(json_string_literal(key), self._tok(":"), value)
             entries[key] = (pair, key in required)
-        chains = [[entries[k] for k in chain] for chain in property_chains(schema, list(entries))]
         extra = self._extra_pair([k for k, _ in declared], patterns, allowed, extra_schema, where)
         lo, hi = int(schema.get("minProperties", 0)), schema.get("maxProperties")
         hi = None if hi is None else int(hi)
-        cap = lo if hi is None else hi + 1
         sep = self._tok(",")
+        if self.key_order == "any":
+            members = any_order_members(list(entries.values()), extra, sep, lo, hi)
+            if members is not None:
+                return seq(literal("{"), self.ws, members, self.ws, literal("}"))
+        chains = [[entries[k] for k in chain] for chain in property_chains(schema, list(entries))]
+        cap = lo if hi is None else hi + 1
         memo: dict = {}
 
         # Neither closure calls itself: a function in its own closure is a reference cycle,

@@ -23,8 +23,8 @@ class DfaTable:
     def __init__(
         self,
         moves: Sequence[Moves],
-        accepting: list[bool],
-        lengths: tuple[list[float], list[float]] | None = None,
+        accepting: Sequence[bool],
+        lengths: tuple[Sequence[float], Sequence[float]] | None = None,
     ):
         self.moves = moves  # any sequence: a builder may make each row when it is first read
         self.accepting = accepting

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixflow.grammars import GrammarLimits
+from radixflow.grammars.budget import JSON_KEY_ORDERS
 from radixflow.grammars.compiler import DEFAULT_CACHE_MB
 
 logger = logging.getLogger(__name__)
@@ -163,6 +164,12 @@ class EngineConfig:
         _GRAMMAR.free_value_depth,
         "arrays/objects a JSON value that a JSON Schema leaves free may nest (`{}`, extra "
         "properties, items without a schema)",
+    )
+    grammar_json_key_order: str = _knob(
+        _GRAMMAR.json_key_order,
+        "order of a JSON object's members under a JSON Schema (radixflow backend): as "
+        "`properties` declares them (as OpenAI and the peer backends generate), or any order",
+        JSON_KEY_ORDERS,
     )
     grammar_cache_mb: float = _knob(
         DEFAULT_CACHE_MB,

@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from radixflow.grammars import CompileTimeout, GrammarCompiler, allocate_token_bitmask
+from radixflow.grammars import (
+    CompileTimeout,
+    GrammarCompiler,
+    GrammarLimits,
+    allocate_token_bitmask,
+)
 from radixflow.grammars.json_schema_numbers import int_range_regex, number_range_regex
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,8 +167,12 @@ def test_random_walks_validate(smollm, schema):
 
 
 @pytest.mark.skipif(not SUITE.is_dir(), reason="JSON-Schema-Test-Suite not in ../shared/peer-data")
-def test_json_schema_test_suite(smollm):
+@pytest.mark.parametrize("key_order", ["declared", "any"])
+def test_json_schema_test_suite(smollm, key_order):
     tok, gc = smollm
+    if key_order != "declared":
+        limits = GrammarLimits(json_key_order=key_order)
+        gc = GrammarCompiler(tok, compile_timeout=5.0, limits=limits)
     counts = dict(
         groups=0, compiled=0, valid_ok=0, valid_rejected=0, invalid_rejected=0, invalid_accepted=0
     )
@@ -184,7 +193,7 @@ def test_json_schema_test_suite(smollm):
                     counts["invalid_accepted" if ok else "invalid_rejected"] += 1
                     if ok:
                         bad.append((path.name, group["description"], case["description"]))
-    print("JSON-Schema-Test-Suite draft2020-12:", counts)
+    print(f"JSON-Schema-Test-Suite draft2020-12, {key_order} key order:", counts)
     assert not bad, bad
     assert counts["compiled"] > 100 and counts["valid_ok"] > counts["valid_rejected"]
 

@@ -18,6 +18,7 @@ from server_harness import wait_healthy
 
 from radixflow.runtime.cli import build_parser, configure_logging, engine_kwargs, main
 from radixflow.runtime.config import SGLANG_VALUES, EngineConfig
+from radixflow.runtime.constrained import grammar_limits
 from radixflow.runtime.server.errors import APIError
 from radixflow.runtime.server.openai_protocol import ChatCompletionRequest, NamedToolChoice, Tool
 from radixflow.runtime.server.openai_tools import ToolPlan
@@ -62,6 +63,14 @@ def test_flags_parse_to_engine_config():
     assert config.mem_fraction_static == 0.5 and config.disable_radix_cache is True
     assert (args.host, args.port) == ("127.0.0.1", 31000)
     assert engine_kwargs(_serve_args("--no-disable-radix-cache"))["disable_radix_cache"] is False
+
+
+def test_json_key_order_flag_reaches_the_grammar_compiler():
+    config = EngineConfig.from_kwargs(
+        **engine_kwargs(_serve_args("--grammar-json-key-order", "any"))
+    )
+    assert grammar_limits(config).json_key_order == "any"
+    assert grammar_limits(EngineConfig()).json_key_order == "declared"
 
 
 @pytest.mark.parametrize(
