@@ -19,7 +19,8 @@ from .json_schema_resolve import parse_schema_source
 from .lark_import import lark_to_bnf
 from .matcher import CompiledGrammar
 from .nfa import Deadline
-from .regex_ir import Alt, literal, parse_regex, warm_unicode_classes
+from .regex_ir import Alt, literal
+from .regex_parse import parse_regex, warm_unicode_classes
 from .source_kinds import SourceKinds
 from .tokenizer_index import get_tokenizer_index
 

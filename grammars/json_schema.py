@@ -44,7 +44,8 @@ Generated form (what a model is made to write):
 - `not` is supported for a type, const/enum of scalars, `required` names and a `pattern`;
   other forms raise;
 - `pattern` and `patternProperties` are read as `re.search` reads them, except that `\\d` and
-  `\\w` are ECMA-262's ASCII classes (JSON Schema's patterns are ECMA-262 regexes);
+  `\\w` are ECMA-262's ASCII classes (JSON Schema's patterns are ECMA-262 regexes); `^` and `$`
+  may stand anywhere (`^$|^[a-z]+$`), except inside a repeat of more than 4 copies;
 - `pattern`/`format` with `minLength`/`maxLength` intersect exactly (`regex_algebra`); the
   formats in `json_schema_strings.FORMATS` are enforced, other formats are annotations (as
   JSON Schema 2019-09 on makes every format) and allow any string;
@@ -91,7 +92,8 @@ from .json_schema_resolve import (
 from .json_schema_strings import FORMATS, JSON_CHAR, compact_json, spellings, string_ir
 from .nfa import CompileTimeout, Deadline, EmptyLanguage
 from .regex_algebra import combine
-from .regex_ir import EMPTY, Alt, Ref, alt, literal, opt, parse_regex, seq, star
+from .regex_ir import EMPTY, Alt, Ref, alt, literal, opt, seq, star
+from .regex_parse import parse_regex
 from .regex_terms import NEVER
 
 

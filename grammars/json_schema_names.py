@@ -19,7 +19,8 @@ from .json_schema_numbers import check_numbers
 from .json_schema_resolve import HANDLED, UNSUPPORTED
 from .nfa import Deadline
 from .regex_algebra import ANY_CHAR, combine, overlaps, restrict_length
-from .regex_ir import Alt, Chars, literal, parse_search_regex, star, word_prefix
+from .regex_ir import Alt, Chars, literal, star, word_prefix
+from .regex_parse import parse_search_regex
 from .regex_terms import NEVER, NEVER_TERM, Terms
 
 MAX_PATTERN_CLASSES = 256  # sets of patternProperties patterns that some name matches exactly

@@ -28,7 +28,8 @@ import math
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from .regex_ir import EMPTY, Alt, Chars, Repeat, Seq, literal, parse_regex
+from .regex_ir import EMPTY, Alt, Chars, Repeat, Seq, literal
+from .regex_parse import parse_regex
 from .regex_terms import NEVER
 
 MAX_BOUND_DIGITS = 309  # digits of the largest finite double

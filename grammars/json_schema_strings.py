@@ -20,18 +20,16 @@ from .regex_ir import (
     Repeat,
     Seq,
     alt,
-    chars,
     complement,
     intersect,
     literal,
     map_chars,
     normalize,
-    parse_regex,
-    parse_search_regex,
     seq,
     star,
     subtract,
 )
+from .regex_parse import chars, parse_regex, parse_search_regex
 from .regex_terms import NEVER
 
 _HEX = chars("0-9a-fA-F")

@@ -35,7 +35,7 @@ from lark.load_grammar import (
 
 from .cfg import BNF, nullable_ir
 from .nfa import Deadline
-from .regex_ir import parse_regex
+from .regex_parse import parse_regex
 
 MAX_GRAMMAR_CHARS = 100_000
 MAX_EXPANSIONS = 10_000

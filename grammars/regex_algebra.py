@@ -33,8 +33,8 @@ from .regex_ir import (
     Repeat,
     literal,
     normalize,
-    parse_search_regex,
 )
+from .regex_parse import parse_search_regex
 from .regex_terms import NEVER, NEVER_TERM, Terms
 
 ANY_CHAR = ((0, MAX_CODEPOINT),)

@@ -1,4 +1,4 @@
-"""A small regular-expression tree (the IR every grammar source becomes) and Python `re` parsing.
+"""A small regular-expression tree: the IR every grammar source becomes.
 
 IR nodes: `Chars` (a set of code points as sorted, disjoint ranges), `Seq`, `Alt`,
 `Repeat(item, lo, hi)` (hi None = unbounded), `Dfa` (an explicit code point DFA, what the
@@ -6,26 +6,14 @@ regex algebra of `regex_algebra` builds, optionally with bounds on the length of
 and `Ref` (a grammar nonterminal, only inside context-free rules). Nodes compare by identity
 so that the NFA builder can share a subtree compiled twice with the same continuation.
 
-`parse_regex` reads Python `re` syntax with the stdlib parser and accepts its regular subset:
-back-references, look-arounds, conditionals, atomic groups, possessive repeats and anchors
-anywhere but at the ends raise `ValueError`.
+Python `re` syntax becomes IR in `regex_parse`.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import numpy as np
-
-try:  # Python >= 3.11
-    from re import _constants as sre_c
-    from re import _parser as sre_parse
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_constants as sre_c  # type: ignore[no-redef]
-    import sre_parse  # type: ignore[no-redef]
 
 MAX_CODEPOINT = 0x10FFFF
 Ranges = tuple[tuple[int, int], ...]
@@ -192,11 +180,6 @@ def literal(text: str) -> Seq:
     return Seq(tuple(map(_char, text)))
 
 
-def chars(spec: str) -> Chars:
-    """IR for one character of a regex class body, e.g. chars('0-9a-f')."""
-    return _to_ir(list(sre_parse.parse(f"[{spec}]")), 0)
-
-
 def seq(*items) -> Seq:
     return Seq(tuple(items))
 
@@ -211,179 +194,6 @@ def opt(item) -> Repeat:
 
 def star(item) -> Repeat:
     return Repeat(item, 0, None)
-
-
-@functools.cache
-def _unicode_class(pattern: str) -> Ranges:
-    """Code point ranges matched by a one-character `re` pattern like r'\\d' (Unicode mode)."""
-    return tuple((m.start(), m.end() - 1) for m in re.finditer(pattern + "+", _every_char()))
-
-
-def warm_unicode_classes() -> None:
-    """Find the Unicode \\d, \\w and \\s classes now (a scan of every code point, ~25 ms
-    each, once per process), so that no compile pays it: GrammarCompiler calls this."""
-    for kind in _ASCII_CLASSES:
-        _unicode_class("\\" + kind)
-
-
-def _every_char() -> str:
-    """Every code point in order, surrogates included (decoded in one call: a Python loop
-    over chr() takes ten times longer)."""
-    points = np.arange(MAX_CODEPOINT + 1, dtype="<u4").tobytes()
-    return points.decode("utf-32-le", "surrogatepass")
-
-
-_ASCII_CLASSES = {
-    "d": ((48, 57),),
-    "w": ((48, 57), (65, 90), (95, 95), (97, 122)),
-    "s": ((9, 13), (32, 32)),
-}
-
-
-# Not an `re` flag (those stop at 256): JSON Schema's patterns are ECMA-262 regexes, whose
-# \d and \w are the ASCII classes whatever the flags (\s stays `re`'s Unicode class).
-_ECMA_CLASSES = 1 << 20
-
-
-def _category(cat, flags: int) -> Ranges:
-    name = str(cat).lower()
-    kind = "d" if "digit" in name else "w" if "word" in name else "s"
-    ascii_only = flags & re.ASCII or (flags & _ECMA_CLASSES and kind != "s")
-    base = _ASCII_CLASSES[kind] if ascii_only else _unicode_class("\\" + kind)
-    return complement(base) if "not" in name else base
-
-
-def _fold_case(ranges: Ranges) -> Ranges:
-    extra = []
-    for lo, hi in ranges:
-        if hi - lo > 5000:
-            extra.extend(_fold_case(intersect(((lo, hi),), ((0, 0x24F),))))
-            continue
-        for cp in range(lo, hi + 1):
-            c = chr(cp)
-            for v in (c.lower(), c.upper()):
-                if len(v) == 1:
-                    extra.append((ord(v), ord(v)))
-    return normalize(list(ranges) + extra)
-
-
-def _in_ranges(items, flags: int) -> Ranges:
-    out: list[tuple[int, int]] = []
-    negate = False
-    for op, av in items:
-        if op is sre_c.NEGATE:
-            negate = True
-        elif op is sre_c.LITERAL:
-            out.append((av, av))
-        elif op is sre_c.RANGE:
-            out.append(av)
-        elif op is sre_c.CATEGORY:
-            out.extend(_category(av, flags))
-        else:
-            raise ValueError(f"unsupported item in character class: {op}")
-    ranges = normalize(out)
-    if flags & re.IGNORECASE:
-        ranges = _fold_case(ranges)
-    return complement(ranges) if negate else ranges
-
-
-def _set(ranges: Ranges, flags: int) -> Chars:
-    if flags & re.IGNORECASE:
-        ranges = _fold_case(ranges)
-    return Chars(normalize(ranges))
-
-
-_UNSUPPORTED = {
-    "GROUPREF": "back-references",
-    "GROUPREF_EXISTS": "conditional groups",
-    "ASSERT": "look-ahead/look-behind assertions",
-    "ASSERT_NOT": "negative look-ahead/look-behind assertions",
-    "ATOMIC_GROUP": "atomic groups",
-    "POSSESSIVE_REPEAT": "possessive repeats",
-}
-
-
-def _to_ir(items, flags: int):
-    parts = []
-    for op, av in items:
-        name = str(op)
-        if op is sre_c.LITERAL:
-            parts.append(_set(((av, av),), flags))
-        elif op is sre_c.NOT_LITERAL:
-            parts.append(Chars(complement(_set(((av, av),), flags).ranges)))
-        elif op is sre_c.ANY:
-            parts.append(
-                Chars(((0, MAX_CODEPOINT),) if flags & re.DOTALL else complement(((10, 10),)))
-            )
-        elif op is sre_c.IN:
-            parts.append(Chars(_in_ranges(av, flags)))
-        elif op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT):
-            lo, hi, sub = av
-            parts.append(Repeat(_to_ir(sub, flags), lo, None if hi == sre_c.MAXREPEAT else hi))
-        elif op is sre_c.SUBPATTERN:
-            _group, add, remove, sub = av
-            parts.append(_to_ir(sub, (flags | add) & ~remove))
-        elif op is sre_c.BRANCH:
-            parts.append(Alt(tuple(_to_ir(b, flags) for b in av[1])))
-        elif op is sre_c.AT:
-            raise ValueError(f"anchor {av} is only supported at the start or end of a regex")
-        elif name in _UNSUPPORTED:
-            raise ValueError(f"regex uses {_UNSUPPORTED[name]}, which are not regular")
-        else:
-            raise ValueError(f"unsupported regex construct {name}")
-    return parts[0] if len(parts) == 1 else Seq(tuple(parts))
-
-
-_STARTS = ("AT_BEGINNING", "AT_BEGINNING_STRING")
-_ENDS = ("AT_END", "AT_END_STRING")
-
-
-def _strip_anchors(items: list) -> tuple[list, bool, bool]:
-    """Remove a leading ^/\\A and a trailing $/\\Z; report which were present."""
-    start = end = False
-    if items and items[0][0] is sre_c.AT and str(items[0][1]) in _STARTS:
-        items, start = items[1:], True
-    if items and items[-1][0] is sre_c.AT and str(items[-1][1]) in _ENDS:
-        items, end = items[:-1], True
-    return items, start, end
-
-
-# Schemas repeat patterns (formats, the same `pattern` in every item of a list) and IR is
-# immutable, so a pattern's IR is parsed once and shared.
-@functools.lru_cache(maxsize=1024)
-def _parse(pattern: str, flags: int, search: bool):
-    try:
-        tree = sre_parse.parse(pattern, flags)
-    except (re.error, OverflowError) as exc:  # OverflowError: a repeat count past 2**32 - 2
-        raise ValueError(f"invalid regex {pattern!r}: {exc}") from None
-    flags = tree.state.flags | (_ECMA_CLASSES if search else 0)
-    items = list(tree)
-    # A top-level alternation anchors each branch on its own.
-    branches = (
-        [list(b) for b in items[0][1][1]]
-        if (len(items) == 1 and items[0][0] is sre_c.BRANCH)
-        else [items]
-    )
-    anything = Repeat(Chars(((0, MAX_CODEPOINT),)), 0, None)
-    out = []
-    for branch in branches:
-        branch, start, end = _strip_anchors(branch)
-        node = _to_ir(branch, flags) if branch else EMPTY
-        if search:
-            node = Seq(((EMPTY if start else anything), node, (EMPTY if end else anything)))
-        out.append(node)
-    return out[0] if len(out) == 1 else Alt(tuple(out))
-
-
-def parse_regex(pattern: str, flags: int = 0):
-    """IR for strings that `re.fullmatch(pattern, s, flags)` accepts."""
-    return _parse(pattern, flags, search=False)
-
-
-def parse_search_regex(pattern: str, flags: int = 0):
-    """IR for strings in which `re.search(pattern, s, flags)` finds a match (JSON Schema),
-    with ECMA-262's ASCII \\d and \\w, as JSON Schema's patterns are ECMA-262 regexes."""
-    return _parse(pattern, flags, search=True)
 
 
 def word_prefix(node) -> str:

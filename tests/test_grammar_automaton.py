@@ -15,7 +15,8 @@ from tiny_models import tiny_tokenizer
 
 from radixflow.grammars import GrammarCompiler
 from radixflow.grammars.automaton import RegexAutomaton
-from radixflow.grammars.regex_ir import Alt, Chars, Seq, literal, parse_regex
+from radixflow.grammars.regex_ir import Alt, Chars, Seq, literal
+from radixflow.grammars.regex_parse import parse_regex
 
 
 def check_against_re(pattern: str, words: list[str]) -> None:

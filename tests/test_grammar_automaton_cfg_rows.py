@@ -8,7 +8,8 @@ import numpy as np
 
 from radixflow.grammars.cfg import GrammarAutomaton, bnf_from_ebnf
 from radixflow.grammars.nfa import Deadline
-from radixflow.grammars.regex_ir import Alt, Ref, Repeat, Seq, literal, parse_regex
+from radixflow.grammars.regex_ir import Alt, Ref, Repeat, Seq, literal
+from radixflow.grammars.regex_parse import parse_regex
 
 
 def nested_lists() -> GrammarAutomaton:

@@ -28,10 +28,9 @@ from radixflow.grammars.regex_ir import (
     Seq,
     children,
     literal,
-    parse_regex,
-    parse_search_regex,
     utf8_sequences,
 )
+from radixflow.grammars.regex_parse import parse_regex, parse_search_regex
 from radixflow.grammars.regex_terms import NEVER
 
 SUITE = Path(__file__).resolve().parents[2] / "shared/peer-data/json-schema-test-suite/tests"
@@ -387,12 +386,12 @@ def test_no_compile_scans_every_code_point_for_a_unicode_class(monkeypatch):
     # the compiler finds them when it is made, not in the first request's compile
     from tiny_models import tiny_tokenizer
 
-    from radixflow.grammars import GrammarCompiler, regex_ir
+    from radixflow.grammars import GrammarCompiler, regex_parse
 
-    regex_ir._unicode_class.cache_clear()
+    regex_parse._unicode_class.cache_clear()
     compiler = GrammarCompiler(tiny_tokenizer())
     scans = []
-    monkeypatch.setattr(regex_ir, "_every_char", lambda: scans.append(1) or "")
+    monkeypatch.setattr(regex_parse, "_every_char", lambda: scans.append(1) or "")
     schema = {"type": "string", "pattern": "^\\s*[a-z]+\\s\\S$"}
     grammar = compiler.compile_json_schema(schema)
     assert scans == []

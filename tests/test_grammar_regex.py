@@ -15,7 +15,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from radixflow.grammars import CompileTimeout, GrammarCompiler, allocate_token_bitmask
 from radixflow.grammars.automaton import RegexAutomaton
 from radixflow.grammars.matcher import CompiledGrammar
-from radixflow.grammars.regex_ir import parse_regex
+from radixflow.grammars.regex_parse import parse_regex
 from radixflow.grammars.states import DICT_ENTRY_BYTES
 from radixflow.grammars.tokenizer_index import build_tokenizer_index
 

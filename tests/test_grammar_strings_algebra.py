@@ -15,7 +15,8 @@ from tiny_models import tiny_tokenizer
 from radixflow.grammars import GrammarCompiler
 from radixflow.grammars.automaton import RegexAutomaton
 from radixflow.grammars.regex_algebra import combine, exclude_words, overlaps, restrict_length
-from radixflow.grammars.regex_ir import MAX_CODEPOINT, normalize, parse_search_regex
+from radixflow.grammars.regex_ir import MAX_CODEPOINT, normalize
+from radixflow.grammars.regex_parse import parse_search_regex
 from radixflow.grammars.regex_terms import NEVER, Terms
 
 
