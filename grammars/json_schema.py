@@ -68,12 +68,17 @@ specification and are ignored.
 from __future__ import annotations
 
 import functools
-import itertools
 
 from .budget import GrammarLimits
 from .disjoint import check_disjoint
 from .json_schema_disjoint import DisjointProver, json_common, json_type
 from .json_schema_memo import MAX_MEMO_DEPS, MAX_MEMO_READS, SubschemaMemo
+from .json_schema_negation import (
+    absent_name_sets,
+    bound_failures,
+    negation_clauses,
+    object_failures,
+)
 from .json_schema_numbers import NUMBER, check_numbers, integer_ir, number_ir
 from .json_schema_objects import (
     DEPENDENCY_KEYS,
@@ -82,11 +87,12 @@ from .json_schema_objects import (
     interleaved,
 )
 from .json_schema_resolve import (
+    CONDITIONAL,
     HANDLED,
-    MAX_MERGED_BRANCHES,
     TYPES,
     UNSUPPORTED,
     SchemaResolver,
+    conditional_cases,
     ref_siblings_apply,
 )
 from .json_schema_strings import FORMATS, JSON_CHAR, compact_json, spellings, string_ir
@@ -218,6 +224,8 @@ class SchemaConverter(ContainerConverter):
     def _convert_object(self, schema: dict, where: str):
         if "$ref" in schema and self.schemas.bare_ref(schema):
             return self._ref(schema["$ref"], where)
+        if any(k in schema for k in CONDITIONAL):
+            return self.convert(conditional_cases(schema), where)
         unknown = sorted(set(schema) & UNSUPPORTED)
         if unknown:
             raise ValueError(f"{where}: unsupported JSON Schema keyword(s): {', '.join(unknown)}")
@@ -268,15 +276,25 @@ class SchemaConverter(ContainerConverter):
 
     # ---- combinators ---------------------------------------------------------------------
     def _not(self, schema, where: str):
-        """`not` of a type, const/enum of scalars, required names (or anyOf of them) or a
-        pattern."""
-        neg = self.schemas.inline(schema["not"], f"{where}/not")
+        """`not` of a schema: the union of the `not`s of its keywords (`json_schema_negation`),
+        each a type, const/enum of scalars, a pattern, a bound, or object constraints (required
+        names, declared names' values; anyOf of required names)."""
+        neg = self.schemas.flatten(schema["not"], f"{where}/not")
         pos = {k: v for k, v in schema.items() if k != "not"}
-        if neg is True or neg == {}:
-            return NEVER
         if neg is False:
             return self.convert(pos, where)
-        keys = set(neg) & (HANDLED | UNSUPPORTED)
+        clauses = negation_clauses(neg) if isinstance(neg, dict) else []
+        if not clauses:  # `not` of a schema every value meets
+            return NEVER
+        if len(clauses) > 1:
+            return Alt(
+                tuple(
+                    self.convert(self.schemas.merge(pos, {"not": clause}, where), where)
+                    for clause in clauses
+                )
+            )
+        neg = clauses[0]
+        keys = set(neg)
         types = pos.get("type", list(TYPES))
         types = [types] if isinstance(types, str) else list(types)
         if keys == {"type"}:
@@ -285,19 +303,15 @@ class SchemaConverter(ContainerConverter):
                 raise ValueError(f"{where}: 'not' integer among numbers is not supported")
             kept = [t for t in types if t not in bad and not (t == "integer" and "number" in bad)]
             return self.convert({**pos, "type": kept}, where) if kept else NEVER
-        absent = self._absent_names(neg, keys, where)
+        absent = absent_name_sets(neg, keys, self.schemas.inline, where)
         if absent is not None:
-            options = [
-                self.convert(
-                    self.schemas.merge(
-                        pos, {"type": "object", "properties": dict.fromkeys(names, False)}, where
-                    ),
-                    where,
-                )
-                for names in absent
-            ]
-            return Alt(tuple(options))
-        if keys == {"pattern"} or keys == {"type", "pattern"} and neg["type"] == "string":
+            cases = [{"type": "object", "properties": dict.fromkeys(n, False)} for n in absent]
+        else:
+            cases = object_failures(neg)
+            cases = bound_failures(neg) if cases is None else cases
+        if cases is not None:
+            return Alt(tuple(self.convert(self.schemas.merge(pos, c, where), where) for c in cases))
+        if keys == {"pattern"}:
             if "string" not in types:
                 return NEVER
             return string_ir(
@@ -334,34 +348,10 @@ class SchemaConverter(ContainerConverter):
             except ValueError as exc:
                 raise ValueError(f"{where}: unsupported 'not' of const/enum: {exc}") from None
         raise ValueError(
-            f"{where}: unsupported form of 'not' (supported: not of type, const/enum of scalars, "
-            "required names (or anyOf of them), pattern)"
+            f"{where}: unsupported form of 'not' of {', '.join(sorted(keys))} (supported: "
+            "type, const/enum of scalars, pattern, bounds, required, properties, anyOf of "
+            "required, and allOf of them)"
         )
-
-    def _absent_names(self, neg, keys: set, where: str) -> list[list[str]] | None:
-        """For `not` of required names (`{"required": R}`, or `anyOf` of such): the sets of
-        names one of which must all be absent (one name from each R; the smallest sets only),
-        None for any other `not`. `not` holds of objects only: `required` holds of the rest."""
-        if keys == {"required"}:
-            lists = [neg["required"]]
-        elif keys == {"anyOf"}:
-            parts = [self.schemas.inline(b, f"{where}/not/anyOf") for b in neg["anyOf"]]
-            if not all(
-                isinstance(b, dict) and set(b) & (HANDLED | UNSUPPORTED) == {"required"}
-                for b in parts
-            ):
-                return None
-            lists = [b["required"] for b in parts]
-        else:
-            return None
-        picks = {frozenset(p) for p in itertools.product(*(dict.fromkeys(r) for r in lists))}
-        if len(picks) > MAX_MERGED_BRANCHES:
-            raise ValueError(
-                f"{where}: 'not' of these required names makes more than {MAX_MERGED_BRANCHES} "
-                "cases (MAX_MERGED_BRANCHES)"
-            )
-        smallest = [p for p in picks if not any(q < p for q in picks)]
-        return sorted(sorted(p) for p in smallest)
 
     def _alternatives(self, schema, where: str):
         key = "anyOf" if "anyOf" in schema else "oneOf"

@@ -39,11 +39,12 @@ HANDLED = {
     "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
     "exclusiveMaximum", "patternProperties", "minProperties", "maxProperties", "dependencies",
     "dependentRequired", "dependentSchemas", "not", "uniqueItems", "multipleOf", "propertyNames",
+    "if", "then", "else",
 }  # fmt: skip
 # Keywords with validation meaning (drafts 3 to 2020-12) that are not implemented: they raise.
 # Keywords outside the JSON Schema vocabularies are annotations by the spec and change nothing.
 UNSUPPORTED = {
-    "if", "then", "else", "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
+    "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
     "$dynamicRef", "$recursiveRef", "$recursiveAnchor", "extends",
     "disallow", "divisibleBy",
 }  # fmt: skip
@@ -276,6 +277,8 @@ class SchemaResolver:
             if not isinstance(part, dict):
                 raise ValueError(f"{where}: a schema must be an object or a boolean, got {part!r}")
             check_numbers(part, where)
+        # a condition holds of its own part: as allOf/anyOf it cannot meet the other's `else`
+        a, b = (conditional_cases(p) if set(p) & set(CONDITIONAL) else p for p in (a, b))
         if "allOf" in b:
             for sub in b["allOf"]:
                 a = self.merge(a, self.inline(sub, where), where)
@@ -365,6 +368,20 @@ def _unlisted_schema(patterns: dict | None, additional, key: str, deadline: Dead
     """What applies to property `key` of an object whose `properties` do not list it."""
     hits = [s for p, s in (patterns or {}).items() if search(p, key, deadline)]
     return {"allOf": hits} if hits else additional
+
+
+CONDITIONAL = ("if", "then", "else")
+
+
+def conditional_cases(schema: dict) -> dict:
+    """`schema` with `if`/`then`/`else` as `allOf` of `anyOf` [`if` and `then`, `not if` and
+    `else`]; `then` and `else` without `if` are dropped (they mean nothing then)."""
+    rest = {k: v for k, v in schema.items() if k not in CONDITIONAL}
+    if "if" not in schema:
+        return rest
+    cond, then, other = schema["if"], schema.get("then", True), schema.get("else", True)
+    cases = {"anyOf": [{"allOf": [cond, then]}, {"allOf": [{"not": cond}, other]}]}
+    return {**rest, "allOf": [*rest.get("allOf", []), cases]}
 
 
 def ref_siblings_apply(root) -> bool:

@@ -122,6 +122,30 @@ CASES = [
     ({"properties": {"d": {}, "x": {}, "y": {}},
       "not": {"anyOf": [{"required": ["d", "x"]}, {"required": ["d", "y"]}]}},
      [{}, {"d": 1}, {"x": 1, "y": 2}, {"d": 1, "x": 2}, {"d": 1, "y": 2}, {"d": 1, "x": 2, "y": 3}, 5, "s"]),
+    # not of object constraints: a required name absent or a declared value failing its schema
+    ({"not": {"allOf": [{"required": ["cmd"]}, {"required": ["args"]}]}},
+     [{}, {"cmd": 1}, {"args": 1}, {"cmd": 1, "args": 2}, 5, None]),
+    ({"type": "object", "properties": {"a": {}, "b": {}},
+      "not": {"properties": {"a": {"type": "string"}, "b": {"enum": [1, 2]}}, "required": ["a"]}},
+     [{}, {"a": "s"}, {"a": 1}, {"a": "s", "b": 1}, {"a": "s", "b": 3}, {"b": 3}, {"a": 2, "b": 2}]),
+    ({"not": {"type": "object", "properties": {"a": {"const": 1}, "b": False}}},
+     [{}, {"a": 1}, {"a": 2}, {"b": 0}, [1], "s", None]),
+    # not of several keywords: the union of their nots; a bound fails by the other bound
+    ({"not": {"type": "string", "pattern": "^a"}}, ["a", "ba", "", 1, None, ["a"]]),
+    ({"type": "integer", "not": {"minimum": 3, "maximum": 7}}, [2, 3, 7, 8, -1]),
+    ({"not": {"minLength": 2, "maxItems": 1}}, ["", "a", "ab", [], [1], [1, 2], 5]),
+    ({"not": {"type": "object", "required": ["a"], "maxProperties": 1}},
+     [{}, {"a": 1}, {"a": 1, "b": 2}, {"b": 1}, 3, "s"]),
+    # if/then/else: (if and then) or (not if and else)
+    ({"type": "object", "properties": {"c": {"enum": ["ghi", "abc"]}, "a": {}, "b": {}},
+      "if": {"properties": {"c": {"const": "ghi"}}},
+      "then": {"required": ["a", "b", "c"]}, "else": {"required": ["a"]}},
+     [{}, {"c": "ghi"}, {"c": "ghi", "a": 1, "b": 2}, {"c": "abc", "a": 1}, {"a": 1}, {"c": "abc"}]),
+    ({"type": "integer", "if": {"minimum": 10}, "then": {"maximum": 12}, "else": {"enum": [1, 2]}},
+     [1, 3, 9, 10, 12, 13]),
+    ({"allOf": [{"if": {"required": ["a"]}, "then": {"required": ["b"]}}, {"else": {"required": ["z"]}}],
+      "properties": {"a": {}, "b": {}}},
+     [{}, {"a": 1}, {"a": 1, "b": 2}, {"b": 2}]),
     # a property whose schema no value meets (object and string at once) is left out
     ({"type": "object", "properties": {"t": {"type": "object", "oneOf": [
         {"type": "string", "enum": ["a"]}, {"type": "string", "pattern": "x"}]}}},
