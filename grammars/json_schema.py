@@ -41,11 +41,16 @@ Generated form (what a model is made to write):
   `maxProperties` count declared and extra pairs alike;
 - `dependencies`/`dependentRequired`/`dependentSchemas` become one case per set of present
   trigger properties (at most 64 cases);
-- `not` is supported for a type, const/enum of scalars, `required` names and a `pattern`;
-  other forms raise;
+- `not` of a schema is the union of the `not`s of its keywords (`json_schema_negation`): a
+  type, const/enum of scalars, a `pattern`, a bound (its complementary bound on the type it
+  applies to), `required` and `properties` (a name absent, a declared value failing its
+  schema), `anyOf` of required names; other keywords under `not` raise;
+- `if`/`then`/`else` is (`if` and `then`) or (`not if` and `else`), so a condition is
+  supported wherever its `not` is;
 - `pattern` and `patternProperties` are read as `re.search` reads them, except that `\\d` and
   `\\w` are ECMA-262's ASCII classes (JSON Schema's patterns are ECMA-262 regexes); `^` and `$`
-  may stand anywhere (`^$|^[a-z]+$`), except inside a repeat of more than 4 copies;
+  may stand anywhere (`^$|^[a-z]+$`, `(a|$)*`), except inside a bounded repeat of more than 4
+  copies;
 - `pattern`/`format` with `minLength`/`maxLength` intersect exactly (`regex_algebra`); the
   formats in `json_schema_strings.FORMATS` are enforced, other formats are annotations (as
   JSON Schema 2019-09 on makes every format) and allow any string;

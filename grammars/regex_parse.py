@@ -6,7 +6,7 @@ boundaries raise `ValueError`. `^` and `$` may stand anywhere: a part of a patte
 its words split by the anchors the paths that match them pass (`_Anchored`), and an anchor
 holds only where nothing is matched before a `^` or after a `$`, so `^$|^[a-z]+$` (the usual
 "empty or ...") and `(^|,)x` are exact; a repeat holding an anchor is written out, up to
-`_MAX_ANCHORED_REPEAT` copies.
+`_MAX_ANCHORED_REPEAT` copies, or is a star (`(a|$)*`, `_anchored_star`).
 """
 
 from __future__ import annotations
@@ -260,21 +260,42 @@ def _anchored_ir(items, flags: int) -> _Anchored:
 
 
 def _anchored_repeat(body: _Anchored, lo: int, hi: int) -> _Anchored:
-    """`lo` to `hi` copies of `body`, written out (a `^` or `$` in a repeat is rare)."""
-    if hi == sre_c.MAXREPEAT or hi > _MAX_ANCHORED_REPEAT:
+    """`lo` to `hi` copies of `body`: `lo` written out, then `hi - lo` optional ones, or the
+    star of `body` when `hi` is unbounded."""
+    unbounded = hi == sre_c.MAXREPEAT
+    if lo > _MAX_ANCHORED_REPEAT or (not unbounded and hi > _MAX_ANCHORED_REPEAT):
         raise ValueError(
-            f"a regex anchor inside a repeat of more than {_MAX_ANCHORED_REPEAT} copies is "
-            "not supported"
+            f"a regex anchor inside a repeat of more than {_MAX_ANCHORED_REPEAT} copies "
+            "(other than unbounded) is not supported"
         )
+    out = _Anchored(EMPTY)
+    for _ in range(lo):
+        out = _anchored_seq(out, body)
+    if unbounded:
+        return _anchored_seq(out, _anchored_star(body))
     optional = _Anchored(EMPTY)
     for _ in range(hi - lo):  # (body (body ...)?)?
         parts = {k: [ir] for k, ir in _anchored_seq(body, optional).by_anchors().items()}
         parts.setdefault((False, False), []).append(EMPTY)
         optional = _anchored_from(parts)
-    out = _Anchored(EMPTY)
-    for _ in range(lo):
-        out = _anchored_seq(out, body)
     return _anchored_seq(out, optional)
+
+
+def _anchored_star(body: _Anchored) -> _Anchored:
+    """Any number of copies of `body`. Copies before one that passes a `^` match nothing, as
+    do those after one that passes a `$`, so (as the empty word) they drop out: the words are
+    plain copies, after a `^` copy and before a `$` copy, or one copy passing both."""
+    plain = Repeat(body.plain, 0, None) if body.plain is not _NONE else EMPTY
+    parts: dict[tuple[bool, bool], list] = {(False, False): [plain]}
+    if body.start is not _NONE:
+        parts[True, False] = [Seq((body.start, plain))]
+    if body.end is not _NONE:
+        parts[False, True] = [Seq((plain, body.end))]
+    if body.start is not _NONE and body.end is not _NONE:
+        parts[True, True] = [Seq((body.start, plain, body.end))]
+    if body.both is not _NONE:
+        parts.setdefault((True, True), []).append(body.both)
+    return _anchored_from(parts)
 
 
 # Schemas repeat patterns (formats, the same `pattern` in every item of a list) and IR is
