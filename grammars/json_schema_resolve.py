@@ -320,6 +320,9 @@ class SchemaResolver:
                 out[key] = val
             elif key == "enum":
                 out[key] = json_common(list(out[key]), list(val))
+            elif key == "const":
+                if not json_common([out[key]], [val]):
+                    return False  # two different values at once: no value meets both
             elif key in ("anyOf", "oneOf") and len(out[key]) * len(val) <= MAX_MERGED_BRANCHES:
                 # Exactly one (or any) of each list holds <=> of the pairs, exactly one (any).
                 out[key] = [{"allOf": [x, y]} for x in out[key] for y in val]

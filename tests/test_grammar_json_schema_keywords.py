@@ -137,6 +137,9 @@ CASES = [
     ({"not": {"minLength": 2, "maxItems": 1}}, ["", "a", "ab", [], [1], [1, 2], 5]),
     ({"not": {"type": "object", "required": ["a"], "maxProperties": 1}},
      [{}, {"a": 1}, {"a": 1, "b": 2}, {"b": 1}, 3, "s"]),
+    # two different consts at once meet no value: that pair of branches is dropped
+    ({"allOf": [{"anyOf": [{"const": "a"}, {"const": "b"}]}, {"anyOf": [{"const": "b"}, {"const": "c"}]}]},
+     ["a", "b", "c", 1]),
     # if/then/else: (if and then) or (not if and else)
     ({"type": "object", "properties": {"c": {"enum": ["ghi", "abc"]}, "a": {}, "b": {}},
       "if": {"properties": {"c": {"const": "ghi"}}},
