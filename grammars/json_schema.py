@@ -100,7 +100,14 @@ from .json_schema_resolve import (
     conditional_cases,
     ref_siblings_apply,
 )
-from .json_schema_strings import FORMATS, JSON_CHAR, compact_json, spellings, string_ir
+from .json_schema_strings import (
+    FORMATS,
+    JSON_CHAR,
+    compact_json,
+    exclusive_strings,
+    spellings,
+    string_ir,
+)
 from .nfa import CompileTimeout, Deadline, EmptyLanguage
 from .regex_algebra import combine
 from .regex_ir import EMPTY, Alt, Ref, alt, literal, opt, seq, star
@@ -385,8 +392,22 @@ class SchemaConverter(ContainerConverter):
             except CompileTimeout:
                 raise
             except ValueError as unproven:
+                strings = self._exclusive_strings(schemas, where)
+                if strings is not None:
+                    return strings
                 branches = self._separated_by_required(schemas, where, unproven)
         return Alt(tuple(branches))
+
+    def _exclusive_strings(self, schemas: list, where: str):
+        """IR of `oneOf` branches that are all strings (`json_schema_strings`), the strings
+        exactly one matches; None when a branch is not, or the product is past its limits."""
+        flat = [self.schemas.flatten(s, f"{where}/oneOf/{i}") for i, s in enumerate(schemas)]
+        try:
+            return exclusive_strings(flat, HANDLED | UNSUPPORTED, self.deadline)
+        except CompileTimeout:
+            raise
+        except ValueError:
+            return None
 
     def _separated_by_required(self, schemas: list, where: str, unproven: ValueError) -> list:
         """IR of `oneOf` branches the prover cannot keep apart, each taken only where, for every

@@ -147,6 +147,42 @@ def string_ir(
     return seq(literal('"'), map_chars(ir, json_chars), literal('"'))
 
 
+STRING_KEYWORDS = {"type", "pattern", "format", "minLength", "maxLength", "enum", "const"}
+
+
+def exclusive_strings(schemas: list, vocabulary: set, deadline: Deadline):
+    """IR of the JSON strings exactly one of `schemas` accepts (`oneOf` over strings), each a
+    schema of strings only (type string; pattern, format, length bounds, enum/const), or None
+    when one is not. Exact: the branches' code point languages (length bounds as counted
+    repeats) in one product automaton (`regex_algebra.combine`), which may raise past its
+    state limit."""
+    contents = []
+    for schema in schemas:
+        if schema is False:
+            contents.append(NEVER)
+            continue
+        keys = set(schema) & vocabulary if isinstance(schema, dict) else {"?"}
+        if not keys <= STRING_KEYWORDS or schema.get("type") not in ("string", ["string"]):
+            return None
+        parts = [parse_search_regex(schema["pattern"])] if "pattern" in schema else []
+        if schema.get("format") in FORMATS:  # other formats are annotations
+            parts.append(parse_regex(FORMATS[schema["format"]]))
+        lo, hi = int(schema.get("minLength", 0)), schema.get("maxLength")
+        if lo or hi is not None:
+            parts.append(Repeat(_ANY_CHAR, lo, None if hi is None else int(hi)))
+        if "enum" in schema or "const" in schema:
+            values = list(schema["enum"]) if "enum" in schema else [schema["const"]]
+            if "const" in schema and "enum" in schema:
+                values = [v for v in values if v == schema["const"]]
+            parts.append(Alt(tuple(literal(v) for v in values if isinstance(v, str))))
+        if not parts:
+            contents.append(star(_ANY_CHAR))
+        else:
+            contents.append(parts[0] if len(parts) == 1 else combine(parts, all, deadline))
+    ir = combine(contents, lambda got: sum(got) == 1, deadline)
+    return NEVER if ir is NEVER else seq(literal('"'), map_chars(ir, json_chars), literal('"'))
+
+
 def _hex_ir(value: int):
     """The four hex digits of `value`, either case."""
     return seq(*(chars(c + c.upper()) if c.isalpha() else literal(c) for c in f"{value:04x}"))

@@ -137,6 +137,15 @@ CASES = [
     ({"not": {"minLength": 2, "maxItems": 1}}, ["", "a", "ab", [], [1], [1, 2], 5]),
     ({"not": {"type": "object", "required": ["a"], "maxProperties": 1}},
      [{}, {"a": 1}, {"a": 1, "b": 2}, {"b": 1}, 3, "s"]),
+    # oneOf over strings whose branches may overlap: the strings exactly one branch accepts
+    ({"type": "string", "oneOf": [{"pattern": "customer"}, {"pattern": "maker"}, {"pattern": "admin"}]},
+     ["customer", "maker", "customermaker", "admin", "x", "admin-maker"]),
+    ({"oneOf": [{"pattern": "APPROVER"}, {"pattern": "SIGNER"}]},
+     ["APPROVER", "SIGNER", "APPROVER SIGNER", "", 1, None, {}]),
+    ({"type": "string", "oneOf": [{"format": "date", "minLength": 3}, {"maxLength": 10}]},
+     ["2024-01-01", "abc", "2024-13-01", "abcdefghijk", ""]),
+    ({"oneOf": [{"type": "string", "enum": ["a", "bb", "c"]}, {"type": "string", "maxLength": 1}]},
+     ["a", "bb", "c", "d", "", "dd"]),
     # two different consts at once meet no value: that pair of branches is dropped
     ({"allOf": [{"anyOf": [{"const": "a"}, {"const": "b"}]}, {"anyOf": [{"const": "b"}, {"const": "c"}]}]},
      ["a", "b", "c", 1]),
