@@ -366,9 +366,12 @@ class SchemaConverter(ContainerConverter):
         )
 
     def _alternatives(self, schema, where: str):
-        key = "anyOf" if "anyOf" in schema else "oneOf"
         if "anyOf" in schema and "oneOf" in schema:
-            raise ValueError(f"{where}: anyOf together with oneOf is not supported")
+            # (any of A) and (exactly one of O): any of (a and exactly one of O), a in A
+            both = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")}
+            each = [{"allOf": [a, {"oneOf": schema["oneOf"]}]} for a in schema["anyOf"]]
+            return self.convert({**both, "anyOf": each}, where)
+        key = "anyOf" if "anyOf" in schema else "oneOf"
         rest = {
             k: v for k, v in schema.items() if k != key and (k in HANDLED or k == PROPERTY_CHAINS)
         }

@@ -146,6 +146,10 @@ CASES = [
      ["2024-01-01", "abc", "2024-13-01", "abcdefghijk", ""]),
     ({"oneOf": [{"type": "string", "enum": ["a", "bb", "c"]}, {"type": "string", "maxLength": 1}]},
      ["a", "bb", "c", "d", "", "dd"]),
+    # anyOf beside oneOf: any of the first and exactly one of the second
+    ({"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 1}],
+      "oneOf": [{"enum": [1, "a"]}, {"enum": [3, "b", "cc"]}]},
+     [1, 2, 3, 4, "a", "b", "cc"]),
     # two different consts at once meet no value: that pair of branches is dropped
     ({"allOf": [{"anyOf": [{"const": "a"}, {"const": "b"}]}, {"anyOf": [{"const": "b"}, {"const": "c"}]}]},
      ["a", "b", "c", 1]),
