@@ -203,9 +203,15 @@ def _anchored_seq(a: _Anchored, b: _Anchored) -> _Anchored:
             second = _only_empty(b_ir) if a_end else b_ir
             if first is not _NONE and second is not _NONE:
                 out.setdefault((a_start or b_start, a_end or b_end), []).append(
-                    Seq((first, second))
+                    _then(first, second)
                 )
     return _anchored_from(out)
+
+
+def _then(first, second):
+    """`first` then `second`, as one flat sequence (what the NFA reads as a literal run)."""
+    items = [p for part in (first, second) for p in (part.items if type(part) is Seq else (part,))]
+    return EMPTY if not items else items[0] if len(items) == 1 else Seq(tuple(items))
 
 
 def _anchored_from(parts: dict[tuple[bool, bool], list]) -> _Anchored:
@@ -231,11 +237,15 @@ def _has_anchor(items) -> bool:
 
 
 def _anchored_ir(items, flags: int) -> _Anchored:
-    """`_to_ir` of a regex part that holds `^`/`$` anchors anywhere, split by the anchors."""
-    if not _has_anchor(items):
-        return _Anchored(_to_ir(items, flags) if items else EMPTY)
-    out = _Anchored(EMPTY)
+    """`_to_ir` of a regex part that holds `^`/`$` anchors anywhere, split by the anchors;
+    the items between anchors are converted together (one flat sequence)."""
+    out, run = _Anchored(EMPTY), []
     for op, av in items:
+        if not _has_anchor([(op, av)]):
+            run.append((op, av))
+            continue
+        if run:
+            out, run = _anchored_seq(out, _Anchored(_to_ir(run, flags))), []
         if op is sre_c.AT:
             if str(av) in _STARTS:
                 part = _Anchored(_NONE, start=EMPTY)
@@ -251,12 +261,10 @@ def _anchored_ir(items, flags: int) -> _Anchored:
                 for key, ir in _anchored_ir(branch, flags).by_anchors().items():
                     options.setdefault(key, []).append(ir)
             part = _anchored_from(options)
-        elif op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT) and _has_anchor(av[2]):
+        else:  # a repeat holding an anchor
             part = _anchored_repeat(_anchored_ir(av[2], flags), av[0], av[1])
-        else:
-            part = _Anchored(_to_ir([(op, av)], flags))
         out = _anchored_seq(out, part)
-    return out
+    return _anchored_seq(out, _Anchored(_to_ir(run, flags))) if run else out
 
 
 def _anchored_repeat(body: _Anchored, lo: int, hi: int) -> _Anchored:

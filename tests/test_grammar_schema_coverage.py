@@ -245,7 +245,7 @@ def test_oneof_branches_proven_exclusive(gc, case):
 @pytest.mark.parametrize(
     "schema",
     [
-        {"oneOf": [{"pattern": "A"}, {"pattern": "B"}]},  # "AB" matches both
+        {"oneOf": [{"minimum": 1}, {"maximum": 5}]},  # 3 matches both
         {"oneOf": [kind("a", False), kind("b", False)]},  # {} matches both
         {"oneOf": [{"enum": [{"type": "void"}]}, {"properties": {"type": {"type": "string"}}}]},
     ],
