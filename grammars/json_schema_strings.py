@@ -179,7 +179,7 @@ def exclusive_strings(schemas: list, vocabulary: set, deadline: Deadline):
             contents.append(star(_ANY_CHAR))
         else:
             contents.append(parts[0] if len(parts) == 1 else combine(parts, all, deadline))
-    ir = combine(contents, lambda got: sum(got) == 1, deadline)
+    ir = combine(contents, lambda got: sum(got) == 1, deadline, at_most_one=True)
     return NEVER if ir is NEVER else seq(literal('"'), map_chars(ir, json_chars), literal('"'))
 
 

@@ -225,16 +225,27 @@ def _without_trie(
 
 
 def combine(
-    irs: Sequence, accept: Callable[[tuple[bool, ...]], bool], deadline: Deadline | None = None
+    irs: Sequence,
+    accept: Callable[[tuple[bool, ...]], bool],
+    deadline: Deadline | None = None,
+    at_most_one: bool = False,
 ):
-    """IR for the words w for which `accept((w in irs[0], w in irs[1], ...))` holds."""
+    """IR for the words w for which `accept((w in irs[0], w in irs[1], ...))` holds.
+
+    With `at_most_one` (an `accept` false wherever w is in two of them, "exactly one"), a
+    state where two of the languages already hold every continuation is dead and not
+    explored (searches for two patterns that both matched)."""
     terms = Terms(deadline)
     start = tuple(terms.term(ir) for ir in irs)
     live = [i for i, t in enumerate(start) if t != NEVER_TERM]
     if len(live) == 1 and not accept((False,) * len(irs)):
         only = tuple(i == live[0] for i in range(len(irs)))
         return irs[live[0]] if accept(only) else NEVER
-    table = explore(terms, start, accept)
+    dead = None
+    if at_most_one:
+        anything = terms.rep(terms.chars(ANY_CHAR), 0, None)
+        dead = lambda state: sum(terms.holds_all(t, anything) for t in state) >= 2  # noqa: E731
+    table = explore(terms, start, accept, dead)
     return NEVER if table is None else Dfa(table, 0)
 
 
@@ -269,10 +280,14 @@ def overlaps(terms: Terms, starts: Sequence[int]) -> bool:
 
 
 def explore(
-    terms: Terms, start: tuple[int, ...], accept: Callable[[tuple[bool, ...]], bool]
+    terms: Terms,
+    start: tuple[int, ...],
+    accept: Callable[[tuple[bool, ...]], bool],
+    dead: Callable[[tuple[int, ...]], bool] | None = None,
 ) -> DfaTable | None:
     """The product DFA of `start`'s terms, trimmed to states that can reach acceptance (None
-    when the start cannot); raises past `MAX_STATES` states."""
+    when the start cannot); states `dead` says cannot are not entered. Raises past
+    `MAX_STATES` states."""
     rest = accept((False,) * len(start))  # words in none of the languages are accepted
     index = {start: 0}
     states = [start]
@@ -285,7 +300,7 @@ def explore(
         by_target: dict[int, Ranges] = {}
         for block in terms.classes([t for t in state if t != NEVER_TERM], with_rest=rest):
             nxt = tuple(terms.deriv(t, block[0][0]) for t in state)
-            if not rest and all(t == NEVER_TERM for t in nxt):
+            if (not rest and all(t == NEVER_TERM for t in nxt)) or (dead and dead(nxt)):
                 continue
             j = _state_number(index, states, nxt, "the combined regular expression")
             by_target[j] = by_target.get(j, ()) + block

@@ -129,6 +129,12 @@ class Terms:
         return out
 
     # ---- properties ----------------------------------------------------------------------
+    def holds_all(self, t: int, anything: int) -> bool:
+        """Whether `t` is, or has as an alternative, the term `anything` (every word): a
+        sufficient test that `t` accepts every continuation."""
+        node = self._nodes[t]
+        return t == anything or (node[0] == "a" and anything in node[1])
+
     def nullable(self, t: int) -> bool:
         got = self._nullable.get(t)
         if got is None:
