@@ -20,6 +20,7 @@ into a state that can no longer accept, is never made (every state of a table ca
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -129,8 +130,9 @@ def any_order_members(
     """IR of an object's members (between its braces) in any order: `pairs` are the declared
     (`"name":value` IR, required) pairs, `extra` the IR of one undeclared pair (None: none may
     be written), `sep` the separator. None when the members cannot be written apart from
-    the rest of the grammar (a pair holding a rule reference, past
-    `MAX_ANY_ORDER_PROPERTIES`): the caller keeps the declared order then."""
+    the rest of the grammar (a pair holding a rule reference) or their states would not be
+    Python indexes (past `MAX_ANY_ORDER_PROPERTIES`, or a huge `maxProperties` beside
+    undeclared members): the caller keeps the declared order then."""
     irs = [pair for pair, _ in pairs] + ([] if extra is None else [extra])
     # A node knows its facts when no rule reference is under it (`regex_ir.set_facts`).
     if len(pairs) > MAX_ANY_ORDER_PROPERTIES or any(ir.facts is None for ir in irs):  # type: ignore[attr-defined]
@@ -138,6 +140,8 @@ def any_order_members(
     n = len(pairs)
     required = sum(1 << i for i, (_, req) in enumerate(pairs) if req)
     cap = (hi if hi is not None else max(lo, 1)) if extra is not None else 0
+    if (cap + 1) << n > sys.maxsize:  # a huge maxProperties beside many properties
+        return None
     counts = _Counts(n, required, extra is not None, lo, hi, cap)
     if not counts.live(0):
         return NEVER

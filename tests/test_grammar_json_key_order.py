@@ -116,6 +116,15 @@ def test_past_the_property_limit_the_declared_order_is_kept(tok, any_order):
     assert not accepts(tok, grammar, '{"k1":2,"k0":1}')
 
 
+def test_a_huge_max_properties_keeps_the_declared_order(tok, any_order):
+    names = [f"k{i}" for i in range(MAX_ANY_ORDER_PROPERTIES)]
+    schema = {"type": "object", "properties": {n: {"type": "integer"} for n in names},
+              "maxProperties": 10**9}  # fmt: skip
+    grammar = any_order.compile_json_schema(schema)
+    assert accepts(tok, grammar, '{"k0":1,"k1":2,"x":3}')
+    assert not accepts(tok, grammar, '{"k1":2,"k0":1}')
+
+
 def test_an_unknown_key_order_is_refused():
     with pytest.raises(ValueError, match="json_key_order must be one of declared, any"):
         GrammarLimits(json_key_order="sorted")
