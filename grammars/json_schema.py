@@ -44,7 +44,8 @@ Generated form (what a model is made to write):
 - `not` of a schema is the union of the `not`s of its keywords (`json_schema_negation`): a
   type, const/enum of scalars, a `pattern`, a bound (its complementary bound on the type it
   applies to), `required` and `properties` (a name absent, a declared value failing its
-  schema), `anyOf` of required names; other keywords under `not` raise;
+  schema), `anyOf` of required names, a `not` (its operand); other keywords under `not`
+  raise;
 - `if`/`then`/`else` is (`if` and `then`) or (`not if` and `else`), so a condition is
   supported wherever its `not` is;
 - `pattern` and `patternProperties` are read as `re.search` reads them, except that `\\d` and
@@ -289,8 +290,8 @@ class SchemaConverter(ContainerConverter):
     # ---- combinators ---------------------------------------------------------------------
     def _not(self, schema, where: str):
         """`not` of a schema: the union of the `not`s of its keywords (`json_schema_negation`),
-        each a type, const/enum of scalars, a pattern, a bound, or object constraints (required
-        names, declared names' values; anyOf of required names)."""
+        each a type, const/enum of scalars, a pattern, a bound, object constraints (required
+        names, declared names' values; anyOf of required names), or a `not` (its operand)."""
         neg = self.schemas.flatten(schema["not"], f"{where}/not")
         pos = {k: v for k, v in schema.items() if k != "not"}
         if neg is False:
@@ -307,6 +308,8 @@ class SchemaConverter(ContainerConverter):
             )
         neg = clauses[0]
         keys = set(neg)
+        if keys == {"not"}:  # not (not X) is X
+            return self.convert(self.schemas.merge(pos, neg["not"], where), where)
         types = pos.get("type", list(TYPES))
         types = [types] if isinstance(types, str) else list(types)
         if keys == {"type"}:

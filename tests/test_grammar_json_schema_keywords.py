@@ -153,6 +153,7 @@ CASES = [
     # two different consts at once meet no value: that pair of branches is dropped
     ({"allOf": [{"anyOf": [{"const": "a"}, {"const": "b"}]}, {"anyOf": [{"const": "b"}, {"const": "c"}]}]},
      ["a", "b", "c", 1]),
+    ({"type": "integer", "not": {"not": {"minimum": 3}, "maximum": 5}}, [1, 3, 5, 6, 9]),
     # if/then/else: (if and then) or (not if and else)
     ({"type": "object", "properties": {"c": {"enum": ["ghi", "abc"]}, "a": {}, "b": {}},
       "if": {"properties": {"c": {"const": "ghi"}}},
