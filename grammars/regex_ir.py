@@ -44,10 +44,25 @@ class Chars:
         set_facts(self, not live, False)
 
 
-@dataclass(frozen=True, eq=False)
+def _bounded_repr(node, depth: int = 3) -> str:
+    """`Kind(...)` written to `depth` levels: IR is a DAG (a free value shares each level with
+    the next), which the dataclasses' own repr would write out as an exponential tree."""
+    kids, name = children(node), type(node).__name__
+    if not kids:  # a leaf (its dataclass repr), or an empty Seq or Alt
+        return f"{name}()" if isinstance(node, (Seq, Alt)) else repr(node)
+    if depth == 0:
+        return f"{name}(<{len(kids)} items>)"
+    inner = ", ".join(_bounded_repr(k, depth - 1) for k in kids[:8])
+    more = f", <{len(kids) - 8} more>" if len(kids) > 8 else ""
+    bounds = f", {node.lo}, {node.hi}" if isinstance(node, Repeat) else ""
+    return f"{name}({inner}{more}{bounds})"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
 class Seq:
     items: tuple
     facts = None
+    __repr__ = _bounded_repr
 
     def __post_init__(self) -> None:
         dead, nullable = False, True
@@ -60,10 +75,11 @@ class Seq:
         set_facts(self, dead, nullable)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Alt:
     items: tuple
     facts = None
+    __repr__ = _bounded_repr
 
     def __post_init__(self) -> None:
         dead, nullable = True, False
@@ -76,12 +92,13 @@ class Alt:
         set_facts(self, dead, nullable)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Repeat:
     item: object
     lo: int
     hi: int | None
     facts = None
+    __repr__ = _bounded_repr
 
     def __post_init__(self) -> None:
         got = getattr(self.item, "facts", None)
