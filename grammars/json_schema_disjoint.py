@@ -5,7 +5,8 @@ union of the branches, so a pair of branches is allowed only when this module (o
 check in `disjoint`) proves them exclusive. The proof is sound but incomplete: a branch pair is
 disjoint when their JSON types cannot meet, when their `const`/`enum` values cannot meet or fail
 the other branch's simple assertions, or (for objects) when some property is required by one
-branch and its schemas in the two branches are disjoint (the other forbidding it included).
+branch and its schemas in the two branches are disjoint (the other forbidding it included), or
+the other refuses the names one requires by `not` of required names.
 `whole_types` finds the JSON types a branch accepts whole: a type two branches accept whole
 has no value that `oneOf` allows, so the converter takes it out of every branch first.
 """
@@ -147,6 +148,8 @@ class DisjointProver:
     def _objects_disjoint(self, a, b, depth: int) -> bool:
         # A property one side requires must, where the other has it, meet both its schemas.
         req_a, req_b = set(a.get("required", [])), set(b.get("required", []))
+        if _refuses_names(a, req_b) or _refuses_names(b, req_a):
+            return True
         for key in req_a | req_b:
             sa, sb = self._property(a, key), self._property(b, key)
             if self.disjoint(sa, sb, depth + 1):
@@ -173,6 +176,8 @@ class DisjointProver:
         if kind in ("integer", "number"):
             return _number_excludes(schema, value)
         if kind == "object":
+            if _refuses_names(schema, set(value)):
+                return True
             return any(key not in value for key in schema.get("required", [])) or any(
                 self.excludes(self._property(schema, key), v, depth + 1) for key, v in value.items()
             )
@@ -206,6 +211,13 @@ class DisjointProver:
         if hits:
             return {"allOf": hits}
         return schema.get("additionalProperties", True)
+
+
+def _refuses_names(schema: dict, present: set) -> bool:
+    """Whether `schema`'s `not` of required names refuses every object holding the names
+    `present` (all the names it lists are among them)."""
+    neg = schema.get("not")
+    return isinstance(neg, dict) and set(neg) == {"required"} and set(neg["required"]) <= present
 
 
 def _number_excludes(schema, value) -> bool:

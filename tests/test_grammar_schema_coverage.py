@@ -216,6 +216,13 @@ ONE_OF_CASES = {
             {"type": "object", "properties": {"t": {}}, "additionalProperties": False},
         ]
     },
+    # a name one branch requires and the other refuses by `not` of required names
+    "required-vs-not-required": {
+        "oneOf": [
+            {"type": "object", "properties": {"name": {}}, "required": ["name"]},
+            {"type": "object", "properties": {"$ref": {}, "t": {}}, "not": {"required": ["name"]}},
+        ]
+    },
     # an enum of objects ruled out by the other branch's required property
     "enum-of-objects": {
         "oneOf": [
@@ -233,7 +240,7 @@ ONE_OF_VALUES = [
     {"type": "a"}, {"type": "a", "x": 1}, {"type": "a", "x": "s"}, {"type": "b"}, {}, {"x": 1},
     {"type": "solid"}, {"type": "texture", "k": 1}, {"type": "other"}, "solid", 3, None, [],
     {"$ref": "#"}, {"t": 1}, {"$ref": "#", "t": 1}, {"name": "n"}, {"type": "void"},
-    {"name": 1},
+    {"name": 1}, {"name": 1, "t": 1}, {"t": 2},
 ]  # fmt: skip
 
 
