@@ -110,7 +110,7 @@ from .json_schema_strings import (
     string_ir,
 )
 from .nfa import CompileTimeout, Deadline, EmptyLanguage
-from .regex_algebra import combine
+from .regex_algebra import combine, search
 from .regex_ir import EMPTY, Alt, Ref, alt, literal, opt, seq, star
 from .regex_parse import parse_regex
 from .regex_terms import NEVER
@@ -326,9 +326,22 @@ class SchemaConverter(ContainerConverter):
             cases = bound_failures(neg) if cases is None else cases
         if cases is not None:
             return Alt(tuple(self.convert(self.schemas.merge(pos, c, where), where) for c in cases))
+        if "anyOf" in pos or "oneOf" in pos:
+            # The forms below write strings from `pos` itself (`string_ir`), which reads no
+            # branches: the `not` goes into each branch instead.
+            return self._alternatives({**pos, "not": neg}, where)
         if keys == {"pattern"}:
             if "string" not in types:
                 return NEVER
+            if "enum" in pos or "const" in pos:  # the values that fail the pattern
+                own = [pos["const"]] if "const" in pos else list(pos["enum"])
+                kept = [
+                    v
+                    for v in own
+                    if isinstance(v, str) and not search(neg["pattern"], v, self.deadline)
+                ]
+                rest = {k: v for k, v in pos.items() if k not in ("enum", "const")}
+                return self.convert({**rest, "enum": kept}, where)
             return string_ir(
                 {**pos, "type": "string"}, where, self.deadline, exclude=neg["pattern"]
             )

@@ -8,7 +8,8 @@ Properties, for every generated source:
   itself (`hypothesis.strategies.from_regex`) and on random strings, and its mask agrees with
   `accept` at every step;
 - a JSON Schema grammar never gets stuck (a live matcher always allows some token) and every
-  instance a random walk through its masks produces is JSON that validates with `jsonschema`.
+  instance a random walk through its masks produces is JSON that validates with `jsonschema`;
+- `not`, `if`/`then`/`else` and `allOf` merges accept exactly what `jsonschema` finds valid.
 
 Runs are derandomized (`derandomize=True`, no example database), so CI sees the same examples
 on every run; failures print the minimal source.
@@ -31,7 +32,12 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from tiny_models import tiny_tokenizer
 
-from radixflow.grammars import CompileTimeout, GrammarCompiler, allocate_token_bitmask
+from radixflow.grammars import (
+    CompileTimeout,
+    GrammarCompiler,
+    GrammarLimits,
+    allocate_token_bitmask,
+)
 
 COMPILE_TIMEOUT = 1.0  # seconds, the compiler's own limit
 SLACK = 4.0  # a loaded CI machine (2 cores, shared) may overrun the limit by this much
@@ -490,6 +496,58 @@ def test_all_of_parts_with_patterns_merge_exactly_or_are_refused(compiler, parts
             text = json.dumps({name: value}, separators=(",", ":"))
             expected = validator.is_valid({name: value})
             assert grammar_accepts(tok, grammar, text, check_masks=False) == expected, (what, text)
+
+
+NEGATION_LEAVES = st.sampled_from(
+    [
+        {"type": "string"}, {"type": "integer"}, {"type": "object"}, {"type": "null"},
+        {"minimum": 1}, {"maximum": 2}, {"maxLength": 1}, {"minLength": 2}, {"minItems": 1},
+        {"maxProperties": 1}, {"pattern": "^a"}, {"pattern": "^$|^a+$"}, {"pattern": "(^|x)b"},
+        {"enum": [1, "a", None]}, {"const": "b"}, {"required": ["a"]}, {"required": ["a", "b"]},
+        {"properties": {"a": {"type": "integer"}}}, {"properties": {"b": {"enum": ["a", 2]}}},
+    ]
+)  # fmt: skip
+NEGATION_VALUES = [None, True, 0, 1, 3, "", "a", "b", "ab", "xb", "aa", [], [1], {}, {"a": 1},
+                   {"a": "a"}, {"b": 2}, {"a": 1, "b": "a"}, {"b": 2, "a": "s"}]  # fmt: skip
+
+
+def negation_schemas():
+    """Small schemas of `not`, `if`/`then`/`else`, `allOf` and `anyOf` over simple keywords."""
+    return st.recursive(
+        NEGATION_LEAVES,
+        lambda inner: st.one_of(
+            st.builds(lambda s: {"not": s}, inner),
+            st.builds(lambda a, b, c: {"if": a, "then": b, "else": c}, inner, inner, inner),
+            st.builds(lambda a, b: {"allOf": [a, b]}, inner, inner),
+            st.builds(lambda a, b: {"anyOf": [a, b]}, inner, inner),
+            st.builds(lambda a, b: {**a, **b}, NEGATION_LEAVES, inner),
+        ),
+        max_leaves=5,
+    )
+
+
+@pytest.fixture(scope="module")
+def any_order_compiler():
+    tok = tiny_tokenizer()
+    limits = GrammarLimits(json_key_order="any")
+    return tok, GrammarCompiler(tok, compile_timeout=COMPILE_TIMEOUT, limits=limits)
+
+
+@settings(max_examples=200)
+@given(schema=negation_schemas())
+def test_negations_and_conditions_agree_with_jsonschema(any_order_compiler, schema):
+    """A compiled `not` or `if`/`then`/`else` (nested, beside other keywords and branches)
+    accepts exactly what jsonschema finds valid, members in any order; or it is refused."""
+    tok, gc = any_order_compiler
+    what = f"schema {json.dumps(schema)}"
+    grammar = compile_clean(what, lambda: gc.compile_json_schema(schema))
+    if grammar is None:
+        return
+    validator = jsonschema.Draft202012Validator(schema)
+    for value in NEGATION_VALUES:
+        text = json.dumps(value, separators=(",", ":"))
+        expected = validator.is_valid(value)
+        assert grammar_accepts(tok, grammar, text, check_masks=False) == expected, (what, text)
 
 
 @pytest.mark.parametrize(

@@ -154,6 +154,13 @@ CASES = [
     ({"allOf": [{"anyOf": [{"const": "a"}, {"const": "b"}]}, {"anyOf": [{"const": "b"}, {"const": "c"}]}]},
      ["a", "b", "c", 1]),
     ({"type": "integer", "not": {"not": {"minimum": 3}, "maximum": 5}}, [1, 3, 5, 6, 9]),
+    # a not of a pattern beside branches or values: each branch and each value meets it too
+    ({"type": "string", "not": {"pattern": "^$|^a+$"}, "anyOf": [{"enum": ["b", None]}, {"pattern": "^$|^a+$"}]},
+     ["ab", "b", "", "a", None]),
+    ({"enum": ["a", "b", "ab", 1], "not": {"pattern": "^a"}}, ["a", "b", "ab", 1, "c"]),
+    ({"if": {"pattern": "^$|^a+$"}, "then": {"minimum": 0, "enum": ["a", 1]},
+      "else": {"anyOf": [{"enum": ["b", None]}, {"pattern": "^$|^a+$"}]}},
+     ["a", "aa", "ab", "ba", "b", None, 1, ""]),
     # if/then/else: (if and then) or (not if and else)
     ({"type": "object", "properties": {"c": {"enum": ["ghi", "abc"]}, "a": {}, "b": {}},
       "if": {"properties": {"c": {"const": "ghi"}}},
