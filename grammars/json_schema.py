@@ -77,7 +77,7 @@ import functools
 
 from .budget import GrammarLimits
 from .disjoint import check_disjoint
-from .json_schema_disjoint import DisjointProver, json_common, json_type
+from .json_schema_disjoint import DisjointProver, json_common, json_type, listed_values
 from .json_schema_memo import MAX_MEMO_DEPS, MAX_MEMO_READS, SubschemaMemo
 from .json_schema_negation import (
     absent_name_sets,
@@ -334,10 +334,9 @@ class SchemaConverter(ContainerConverter):
             if "string" not in types:
                 return NEVER
             if "enum" in pos or "const" in pos:  # the values that fail the pattern
-                own = [pos["const"]] if "const" in pos else list(pos["enum"])
                 kept = [
                     v
-                    for v in own
+                    for v in listed_values(pos) or []
                     if isinstance(v, str) and not search(neg["pattern"], v, self.deadline)
                 ]
                 rest = {k: v for k, v in pos.items() if k not in ("enum", "const")}
@@ -346,12 +345,9 @@ class SchemaConverter(ContainerConverter):
                 {**pos, "type": "string"}, where, self.deadline, exclude=neg["pattern"]
             )
         if keys and keys <= {"enum", "const"}:
-            values = [neg["const"]] if "const" in neg else list(neg["enum"])
-            if "const" in neg and "enum" in neg:
-                values = json_common(values, list(neg["enum"]))
+            values = listed_values(neg) or []
             if "enum" in pos or "const" in pos:
-                own = [pos["const"]] if "const" in pos else list(pos["enum"])
-                kept = json_common(own, values, inside=False)
+                kept = json_common(listed_values(pos) or [], values, inside=False)
                 rest = {k: v for k, v in pos.items() if k not in ("enum", "const")}
                 return self.convert({**rest, "enum": kept}, where)
             if types == ["string"]:
@@ -510,9 +506,7 @@ class SchemaConverter(ContainerConverter):
 
     def _enum_values(self, schema, where: str) -> list:
         """The `enum`/`const` values that the schema's other keywords allow, one per text."""
-        values = [schema["const"]] if "const" in schema else list(schema["enum"])
-        if "const" in schema and "enum" in schema:
-            values = json_common(values, list(schema["enum"]))
+        values = listed_values(schema) or []
         by_text: dict[str, object] = {}
         for value in values:
             by_text.setdefault(compact_json(value), value)

@@ -76,10 +76,13 @@ def json_type(value) -> str:
     return "array" if isinstance(value, list) else "object"
 
 
-def _values(schema) -> list | None:
-    if "const" in schema:
-        return [schema["const"]]
-    return list(schema["enum"]) if "enum" in schema else None
+def listed_values(schema: dict) -> list | None:
+    """The values `const` and `enum` allow (those in both where both are given), None when
+    the schema has neither."""
+    if "const" not in schema:
+        return list(schema["enum"]) if "enum" in schema else None
+    values = [schema["const"]]
+    return json_common(values, list(schema["enum"])) if "enum" in schema else values
 
 
 def _types(schema) -> set[str]:
@@ -88,7 +91,7 @@ def _types(schema) -> set[str]:
     out = {got} if isinstance(got, str) else set(got)
     if "number" in out:
         out.add("integer")
-    values = _values(schema)
+    values = listed_values(schema)
     if values is not None:
         out &= {json_type(v) for v in values} | (
             {"number"} if any(json_type(v) == "integer" for v in values) else set()
@@ -134,7 +137,7 @@ class DisjointProver:
         common = _types(a) & _types(b)
         if not common:
             return True
-        va, vb = _values(a), _values(b)
+        va, vb = listed_values(a), listed_values(b)
         if va is not None and vb is not None:
             return not json_common(va, vb)
         if va is not None:
@@ -168,7 +171,7 @@ class DisjointProver:
         kind = json_type(value)
         if kind not in _types(schema):
             return True
-        values = _values(schema)
+        values = listed_values(schema)
         if values is not None and not json_common([value], values):
             return True
         if kind == "string":

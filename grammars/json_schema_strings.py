@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 
+from .json_schema_disjoint import listed_values
 from .nfa import Deadline
 from .regex_algebra import ANY_CHAR, combine, restrict_length
 from .regex_algebra import exclude_words as exclude_words_from
@@ -170,10 +171,8 @@ def exclusive_strings(schemas: list, vocabulary: set, deadline: Deadline):
         lo, hi = int(schema.get("minLength", 0)), schema.get("maxLength")
         if lo or hi is not None:
             parts.append(Repeat(_ANY_CHAR, lo, None if hi is None else int(hi)))
-        if "enum" in schema or "const" in schema:
-            values = list(schema["enum"]) if "enum" in schema else [schema["const"]]
-            if "const" in schema and "enum" in schema:
-                values = [v for v in values if v == schema["const"]]
+        values = listed_values(schema)
+        if values is not None:
             parts.append(Alt(tuple(literal(v) for v in values if isinstance(v, str))))
         if not parts:
             contents.append(star(_ANY_CHAR))
