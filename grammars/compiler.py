@@ -18,6 +18,8 @@ from .json_schema_memo import shared_memo
 from .json_schema_resolve import parse_schema_source
 from .lark_import import lark_to_bnf
 from .matcher import CompiledGrammar
+from .native_rows import dfa_rows
+from .native_walk import prepare as prepare_mask_walk
 from .nfa import Deadline
 from .regex_ir import Alt, literal
 from .regex_parse import parse_regex, warm_unicode_classes
@@ -60,6 +62,10 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
     ):
         self.index = get_tokenizer_index(tokenizer, vocab_size, eos_token_ids)
         warm_unicode_classes()
+        # What the first compile and mask would otherwise wait for: the C rows and walk (built
+        # on first use) and the tokenizer's trie for the walk.
+        dfa_rows()
+        prepare_mask_walk(self.index)
         self.compile_timeout = compile_timeout
         self.import_paths = tuple(import_paths)
         self.limits = limits or GrammarLimits()

@@ -165,7 +165,9 @@ class ContainerConverter:
             members = any_order_members(list(entries.values()), extra, sep, lo, hi)
             if members is not None:
                 return seq(literal("{"), self.ws, members, self.ws, literal("}"))
-        chains = [[entries[k] for k in chain] for chain in property_chains(schema, list(entries))]
+        # per chain, its (pair, pair after a separator, required) in order
+        chains = [[(entries[k][0], seq(sep, entries[k][0]), entries[k][1]) for k in chain]
+                  for chain in property_chains(schema, list(entries))]  # fmt: skip
         cap = lo if hi is None else hi + 1
         memo: dict = {}
 
@@ -207,10 +209,10 @@ class ContainerConverter:
                     for c, i in enumerate(at):
                         if i == len(chains[c]):
                             continue
-                        pair, req = chains[c][i]
+                        pair, sep_pair, req = chains[c][i]
                         after = (*at[:c], i + 1, *at[c + 1 :])
                         if hi is None or count < hi:
-                            head = pair if first else seq(sep, pair)
+                            head = pair if first else sep_pair
                             options.append(seq(head, rest[after, min(count + 1, cap), False]))
                         if not req:
                             options.append(rest[after, count, first])

@@ -48,6 +48,7 @@ UNSUPPORTED = {
     "$dynamicRef", "$recursiveRef", "$recursiveAnchor", "extends",
     "disallow", "divisibleBy",
 }  # fmt: skip
+_APPLYING = HANDLED | UNSUPPORTED  # keywords with validation meaning
 TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
 MAX_MERGED_BRANCHES = 64  # branches of two anyOf/oneOf lists merged in allOf (the pairs)
@@ -98,20 +99,23 @@ def parse_schema_source(schema, whitespace_pattern: str | None = None) -> Schema
 def canonical_schema(schema):
     """A copy of `schema` in canonical form (see module docstring); raises past
     `MAX_DOCUMENT_DEPTH`."""
-    # Post-order over an explicit stack: (node, kind, depth, path); kind is "schema", "map"
-    # (names to schemas) or "data" (left as written).
+    # Post-order over an explicit stack of (node, kind, depth, path, expanded); kind is
+    # "schema", "map" (names to schemas) or "data" (left as written, never stacked). A path is
+    # (parent's path, name), written out only for the error.
     done: dict[tuple[int, str], object] = {}
-    stack = [(schema, "schema", 0, "#", False)]
+    stack: list[tuple[Any, str, int, Any, bool]] = [(schema, "schema", 0, None, False)]
     while stack:
         node, kind, depth, path, expanded = stack.pop()
-        if kind == "data" or not isinstance(node, (dict, list)) or (id(node), kind) in done:
+        if not isinstance(node, (dict, list)) or (id(node), kind) in done:
             continue
         if depth > MAX_DOCUMENT_DEPTH:
-            raise _too_deep(path, "the schema document", MAX_DOCUMENT_DEPTH, "MAX_DOCUMENT_DEPTH")
+            raise _too_deep(_path_text(path), "the schema document", MAX_DOCUMENT_DEPTH,
+                            "MAX_DOCUMENT_DEPTH")  # fmt: skip
         children = _children(node, kind)
         if not expanded:
             stack.append((node, kind, depth, path, True))
-            stack += [(c, k, depth + 1, f"{path}/{n}", False) for n, c, k in children]
+            stack += [(c, k, depth + 1, (path, n), False) for n, c, k in children
+                      if k != "data" and isinstance(c, (dict, list))]  # fmt: skip
             continue
         items = [(n, c if k == "data" else done.get((id(c), k), c)) for n, c, k in children]
         if isinstance(node, list):
@@ -119,6 +123,15 @@ def canonical_schema(schema):
         else:
             done[id(node), kind] = dict(sorted(items) if kind == "schema" else items)
     return done.get((id(schema), "schema"), schema)
+
+
+def _path_text(path) -> str:
+    """A `canonical_schema` path as a JSON pointer fragment."""
+    names = []
+    while path is not None:
+        path, name = path
+        names.append(str(name))
+    return "/".join(["#", *reversed(names)])
 
 
 def _children(node, kind: str) -> list[tuple[object, object, str]]:
@@ -165,28 +178,25 @@ class SchemaResolver:
 
     def key(self, node) -> int:
         """A number equal for structurally equal JSON values (keys in the order written)."""
-        got = self._keys.get(id(node))
+        keys = self._keys
+        got = keys.get(id(node))
         if got is not None:
             return got[1]
         stack = [(node, False)]
         while stack:
             item, expanded = stack.pop()
-            if id(item) in self._keys:
+            if id(item) in keys:
                 continue
             values = list(item.values()) if isinstance(item, dict) else item
             if not expanded:
                 stack.append((item, True))
                 stack += [(v, False) for v in values if isinstance(v, (dict, list))]
                 continue
-            parts = tuple(self._leaf(v) for v in values)
+            parts = tuple([keys[id(v)][1] if isinstance(v, (dict, list)) else (v.__class__, v)
+                           for v in values])  # fmt: skip
             shape = (tuple(item), parts) if isinstance(item, dict) else (None, parts)
-            self._keys[id(item)] = (item, self._number(shape))
-        return self._keys[id(node)][1]
-
-    def _leaf(self, value) -> Hashable:
-        if isinstance(value, (dict, list)):
-            return self._keys[id(value)][1]
-        return (type(value).__name__, value)
+            keys[id(item)] = (item, self._number(shape))
+        return keys[id(node)][1]
 
     def follow(self, ref: str, where: str) -> tuple[str, object]:
         """(last $ref, its target) along a chain of bare `{"$ref": ...}` schemas; raises on a
@@ -206,7 +216,7 @@ class SchemaResolver:
         """The keywords beside `schema`'s `$ref` that apply (none before draft 2019-09)."""
         if not self.ref_siblings:
             return {}
-        return {k: v for k, v in schema.items() if k != "$ref" and k in HANDLED | UNSUPPORTED}
+        return {k: v for k, v in schema.items() if k != "$ref" and k in _APPLYING}
 
     def bare_ref(self, schema: dict) -> bool:
         """True for a `$ref` with no keyword beside it that applies."""
@@ -231,7 +241,7 @@ class SchemaResolver:
         """`key` of any JSON value, scalars included."""
         if isinstance(value, (dict, list)):
             return self.key(value)
-        return self._number(("value", self._leaf(value)))
+        return self._number(("value", (value.__class__, value)))
 
     def inline(self, schema, where: str):
         """`schema` with a top-level $ref replaced by its (non-recursive) target."""

@@ -106,6 +106,7 @@ def json_chars(node: Chars):
     return got
 
 
+@functools.lru_cache(maxsize=8192)  # property names recur in every object that declares them
 def json_string_literal(text: str) -> Seq:
     """`text` as a JSON string literal (quotes included)."""
     return literal(json.dumps(text, ensure_ascii=False))

@@ -151,6 +151,13 @@ def _trie(index: TokenizerIndex) -> _TrieView:
     return got
 
 
+def prepare(index: TokenizerIndex) -> None:
+    """Make the C walk (built on first use) and `index`'s trie for it now: the first mask of
+    every process otherwise waits for them (milliseconds; seconds where the walk is built)."""
+    if trie_walk() is not None:
+        _trie(index)
+
+
 class _TextCache(ctypes.Structure):
     """`struct text_cache` of trie_walk.c."""
 

@@ -58,41 +58,48 @@ def _bounded_repr(node, depth: int = 3) -> str:
     return f"{name}({inner}{more}{bounds})"
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+# Seq, Alt and Repeat write their fields straight into their __dict__ (the frozen dataclass
+# __init__, then a __post_init__ and `set_facts`, cost twice as much per node; a compile makes
+# nodes by the ten thousand).
+@dataclass(frozen=True, eq=False, repr=False, init=False)
 class Seq:
     items: tuple
     facts = None
     __repr__ = _bounded_repr
 
-    def __post_init__(self) -> None:
+    def __init__(self, items: tuple) -> None:
+        fields = self.__dict__
+        fields["items"] = items
         dead, nullable = False, True
-        for item in self.items:
+        for item in items:
             got = getattr(item, "facts", None)
             if got is None:
                 return
             dead = dead or got[0]
             nullable = nullable and got[1]
-        set_facts(self, dead, nullable)
+        fields["facts"] = _FACTS[2 * dead + nullable]
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, init=False)
 class Alt:
     items: tuple
     facts = None
     __repr__ = _bounded_repr
 
-    def __post_init__(self) -> None:
+    def __init__(self, items: tuple) -> None:
+        fields = self.__dict__
+        fields["items"] = items
         dead, nullable = True, False
-        for item in self.items:
+        for item in items:
             got = getattr(item, "facts", None)
             if got is None:
                 return
             dead = dead and got[0]
             nullable = nullable or (got[1] and not got[0])
-        set_facts(self, dead, nullable)
+        fields["facts"] = _FACTS[2 * dead + nullable]
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, init=False)
 class Repeat:
     item: object
     lo: int
@@ -100,10 +107,12 @@ class Repeat:
     facts = None
     __repr__ = _bounded_repr
 
-    def __post_init__(self) -> None:
-        got = getattr(self.item, "facts", None)
-        if got is not None and (self.hi is None or self.hi >= self.lo):
-            set_facts(self, self.lo > 0 and got[0], self.lo == 0 or got[1])
+    def __init__(self, item: object, lo: int, hi: int | None) -> None:
+        fields = self.__dict__
+        fields["item"], fields["lo"], fields["hi"] = item, lo, hi
+        got = getattr(item, "facts", None)
+        if got is not None and (hi is None or hi >= lo):
+            fields["facts"] = _FACTS[2 * (lo > 0 and got[0]) + (lo == 0 or got[1])]
 
 
 @dataclass(frozen=True, eq=False)

@@ -7,8 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from automaton_walk import allowed_tokens
+from tiny_models import tiny_tokenizer
 
-from radixflow.grammars import masks, native_build, native_rows, native_walk
+from radixflow.grammars import GrammarCompiler, masks, native_build, native_rows, native_walk
 from radixflow.grammars.automaton import RegexAutomaton
 from radixflow.grammars.budget import GrammarBudgetExceeded, GrammarLimits
 from radixflow.grammars.masks import WalkTable, compute_mask
@@ -191,6 +192,13 @@ def test_an_index_dropped_drops_its_native_view(native):
     assert key in native_walk._TRIES
     del index
     assert key not in native_walk._TRIES
+
+
+def test_a_compiler_makes_the_walk_before_its_first_mask(native):
+    """A new GrammarCompiler has the walk's trie of its tokenizer ready: the first request's
+    mask does not wait for it."""
+    compiler = GrammarCompiler(tiny_tokenizer())
+    assert id(compiler.index) in native_walk._TRIES
 
 
 def test_threads_walking_grammars_of_one_index_at_once(callback):

@@ -2,6 +2,7 @@
 
 import copy
 import json
+import re
 
 import jsonschema
 import pytest
@@ -159,8 +160,9 @@ def test_too_deep_documents_name_the_limit(gc):
     schema: dict = {"type": "integer"}
     for _ in range(MAX_DOCUMENT_DEPTH):
         schema = {"type": "object", "properties": {"a": schema}}
-    with pytest.raises(ValueError, match="MAX_DOCUMENT_DEPTH"):
+    with pytest.raises(ValueError, match="MAX_DOCUMENT_DEPTH") as caught:
         gc.compile_json_schema(schema)
+    assert re.match(r"#(/properties(/a)?)+: ", str(caught.value))  # names the place
 
 
 def test_keyword_order_does_not_change_the_cache_key(gc):
