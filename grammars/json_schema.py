@@ -73,6 +73,7 @@ specification and are ignored.
 
 from __future__ import annotations
 
+import bisect
 import functools
 
 from .budget import GrammarLimits
@@ -115,6 +116,8 @@ from .regex_ir import EMPTY, Alt, Ref, alt, literal, opt, seq, star
 from .regex_parse import parse_regex
 from .regex_terms import NEVER
 
+_NONE: frozenset[str] = frozenset()  # no rules
+
 
 class SchemaConverter(ContainerConverter):
     """Walks one schema; `convert` returns IR, recursive `$ref`s land in `defs`."""
@@ -145,6 +148,20 @@ class SchemaConverter(ContainerConverter):
         # Schemas (by key) under conversion -> their rule's name, and the names used inside.
         self._pending: dict[int, str] = {}
         self._recursive: set[str] = set()
+        # Conversions under way, outermost first: their numbers in the order they started, and
+        # their names (also as a set).
+        # Logs that a conversion's own part (from where the log stood when it started) tells
+        # it by: names of conversions whose reads its IR relies on (it is "open" on those still
+        # under way: it recurses into their rules, say), and rules its IR uses. Per conversion
+        # made: the rules its IR uses; per one that ended open, its number.
+        self._chain: list[int] = []
+        self._chain_names: list[str] = []
+        self._under_way: set[str] = set()
+        self._open_log: list[str] = []
+        self._uses_log: list[str] = []
+        self._started = 0
+        self._rules_of: dict[int, frozenset[str]] = {}
+        self._open_of: dict[int, int] = {}
         self._any = free_values(whitespace_pattern, free_depth)
         self._toks: dict[str, object] = {}  # punctuation with its whitespace, by text
 
@@ -172,8 +189,12 @@ class SchemaConverter(ContainerConverter):
         # becomes a grammar rule. What a conversion read of the document around it is the
         # `$ref`s it resolved and their targets (`deps`, those of conversions it reused
         # included): with the same ones, the same schema has the same IR in any document, so
-        # the memo keeps it for later compiles, unless it holds a rule (recursion) or reads
-        # more than MAX_MEMO_DEPS references (MAX_MEMO_READS with repeats).
+        # the memo keeps it for later compiles, with the rules its IR uses, unless it is open
+        # on a conversion still under way (it uses an ancestor's rule, or reuses an open
+        # conversion made inside that ancestor's) or reads more than MAX_MEMO_DEPS references
+        # (MAX_MEMO_READS with repeats). A rule's name holds its schema's key, and a rule kept
+        # means the language of its schema in any document where its reads point at the same
+        # targets: rules from several compiles mix.
         key = self.schemas.key(schema)
         got = self._converted.get(key)
         if got is not None:
@@ -185,19 +206,36 @@ class SchemaConverter(ContainerConverter):
         name = self._pending.get(key)
         if name is not None:
             self._recursive.add(name)
-            self._unshared_uses += 1
+            self._open_log.append(name)
+            self._uses_log.append(name)
             return Ref(name)
         name = self._pending[key] = f"{where}@{key}"
         start, unshared = len(self.schemas.resolved), self._unshared_uses
+        open_from, uses_from = len(self._open_log), len(self._uses_log)
+        started = self._started = self._started + 1
+        self._chain.append(started)
+        self._chain_names.append(name)
+        self._under_way.add(name)
         self.schemas.enter(where)
         try:
             got = self._convert_object(schema, where)
+        except BaseException:  # what it logged goes: a caller that goes on never uses its IR
+            del self._open_log[open_from:], self._uses_log[uses_from:]
+            raise
         finally:
             self.schemas.leave()
             del self._pending[key]
+            self._chain.pop()
+            self._chain_names.pop()
+            self._under_way.discard(name)
+        opened = _NONE
+        if len(self._open_log) > open_from:  # kept: those still under way (ancestors)
+            opened = frozenset(self._under_way.intersection(self._open_log[open_from:]))
+            self._open_log[open_from:] = opened
         if name in self._recursive:
             self.defs[name] = got
             got = Ref(name)
+            self._uses_log.append(name)
         self._converted[key] = got
         reads = len(self.schemas.resolved) - start  # repeats included
         # a tuple of (str, int) tuples: the collector stops tracking it, a frozenset it never
@@ -205,32 +243,57 @@ class SchemaConverter(ContainerConverter):
         deps = (
             tuple(dict.fromkeys(self.schemas.resolved[start:])) if reads <= MAX_MEMO_READS else None
         )
-        if self._unshared_uses != unshared or deps is None or len(deps) > MAX_MEMO_DEPS:
+        uses = _NONE
+        if len(self._uses_log) > uses_from:  # written once each for the conversions around
+            uses = frozenset(self._uses_log[uses_from:])
+            self._uses_log[uses_from:] = uses
+        if opened:
+            self._unshared.add(key)
+            self._open_of[key] = started
+            self._rules_of[key] = uses
+        elif self._unshared_uses != unshared or deps is None or len(deps) > MAX_MEMO_DEPS:
             self._unshared.add(key)
             self._unshared_uses += 1
         else:
             self._deps[key] = deps
+            self._rules_of[key] = uses
             if self.memo is not None:
-                self.memo.put((*self._options, key), (got, deps))
+                rules = tuple((rule, self.defs[rule]) for rule in uses)
+                self.memo.put((*self._options, key), (got, deps, rules))
         return got
 
     def _reuse(self, key: int) -> None:
         """Account for reusing this compile's conversion of `key` (see `convert`)."""
-        if key in self._unshared:
+        started = self._open_of.get(key)
+        # the innermost conversion under way that was when it started
+        at = -1 if started is None else bisect.bisect_left(self._chain, started) - 1
+        if at >= 0:
+            outer = self._chain_names[at]
+            # What an open conversion relies on was made inside the conversions under way when
+            # it ran (those it was open on included), whose reads count it: the user is open
+            # on the innermost of them that is still under way.
+            self._open_log.append(outer)
+            self._uses_log.extend(self._rules_of[key])
+        elif key in self._unshared:
             self._unshared_uses += 1
         else:
             self.schemas.resolved.extend(self._deps[key])
+            self._uses_log.extend(self._rules_of[key])
 
     def _from_memo(self, key: int):
         """IR an earlier compile made of `key` reading the same `$ref` targets, or None."""
         got = None if self.memo is None else self.memo.get((*self._options, key))
         if got is None:
             return None
-        ir, deps = got
+        ir, deps, rules = got
         if not all(self.schemas.points_to(ref, number) for ref, number in deps):
             return None
+        for rule, body in rules:
+            self.defs.setdefault(rule, body)
         self._converted[key] = ir
         self._deps[key] = deps
+        self._rules_of[key] = frozenset(rule for rule, _body in rules) if rules else _NONE
+        self._uses_log.extend(self._rules_of[key])
         self.schemas.resolved.extend(deps)
         return ir
 

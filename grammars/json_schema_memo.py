@@ -8,8 +8,10 @@ siblings apply, number), a converted sub-schema's IR with what its conversion re
 document around it: the `$ref`s it resolved and the numbers of their targets
 (`SchemaConverter.convert`). A later compile takes the IR when the same references point at
 equal targets in its own document (the conversion is a function of the schema, those targets
-and the options), so a sub-schema means the same wherever it is reused. Conversions that made
-grammar rules (recursion) or failed are not kept; least recently used entries go first past
+and the options), so a sub-schema means the same wherever it is reused. A recursive one is kept
+with the grammar rules its IR uses (named by their schemas' numbers; their reads counted), once
+the conversion that made the outermost of them is done; conversions inside it that recurse into
+it, and conversions that failed, are not kept. Least recently used entries go first past
 `max_entries`. IR is immutable (a node is the same language wherever it is used), so requests
 share nodes.
 
@@ -27,8 +29,8 @@ from collections.abc import Hashable
 
 MAX_ENTRIES = 4096  # sub-schema IRs kept
 MAX_SHAPES = 500_000  # numbered structures before a new memo starts
-MAX_MEMO_DEPS = 64  # `$ref`s a kept conversion may read (each is checked on reuse)
-MAX_MEMO_READS = 256  # ... counting repeats (past it they are not even collected)
+MAX_MEMO_DEPS = 256  # `$ref`s a kept conversion may read (each is checked on reuse)
+MAX_MEMO_READS = 2048  # ... counting repeats (past it they are not even collected)
 
 
 class SubschemaMemo:

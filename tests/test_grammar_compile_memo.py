@@ -167,6 +167,132 @@ def test_a_sub_schema_that_uses_a_ref_is_shared_only_where_its_targets_are_equal
             assert accepts(auto, compact(value)) == want, value
 
 
+# A tree and a forest that hold each other (mutual recursion through `$ref`s), and the leaf
+# they both read: documents enter the cycle at either one.
+TREE_DEFS = {
+    "tree": {
+        "type": "object",
+        "properties": {"v": {"$ref": "#/$defs/leaf"}, "kids": {"$ref": "#/$defs/forest"}},
+        "required": ["v"],
+        "additionalProperties": False,
+    },
+    "forest": {"type": "array", "items": {"$ref": "#/$defs/tree"}, "maxItems": 2},
+}
+TREE_VALUES = [
+    {"t": {"v": 1}}, {"t": {"v": "a"}}, {"t": {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}]}},
+    {"t": {"v": 1, "kids": [{"v": "x"}]}}, {"t": {"v": 1, "kids": [{"v": 1}, {"v": 2}, {"v": 3}]}},
+    {"f": [{"v": 1, "kids": []}]}, {"f": [{"v": 1, "kids": [{"v": True}]}]}, {"f": [{}]},
+]  # fmt: skip
+
+
+def tree_doc(leaf: dict, entry: str) -> dict:
+    """A document whose property `t` or `f` (by `entry`) enters the tree/forest cycle."""
+    where = {"t": "tree", "f": "forest"}[entry]
+    return {
+        "$defs": {**TREE_DEFS, "leaf": leaf},
+        "properties": {entry: {"$ref": f"#/$defs/{where}"}},
+        "required": [entry],
+    }
+
+
+def test_a_recursive_sub_schema_is_shared_only_where_what_it_reads_is_equal(monkeypatch):
+    memo = SubschemaMemo()
+    reused = []
+    take = SchemaConverter._from_memo
+
+    def spy(self, key):
+        before = len(self.defs)
+        got = take(self, key)
+        if len(self.defs) > before:  # a recursive conversion, with the rules it uses
+            reused.append(key)
+        return got
+
+    monkeypatch.setattr(SchemaConverter, "_from_memo", spy)
+    integer, string = {"type": "integer"}, {"type": "string"}
+    # (document, whether it reuses a recursive conversion an earlier one made)
+    steps = [
+        (tree_doc(integer, "t"), False),
+        (tree_doc(integer, "t"), True),  # the cycle, entered where it was before
+        (tree_doc(integer, "f"), True),  # entered at the forest: the tree inside is reused
+        (tree_doc(string, "t"), False),  # the leaf the cycle reads differs: converted anew
+        (tree_doc(string, "f"), True),
+    ]
+    for i, (doc, reuses) in enumerate(steps):
+        reused.clear()
+        auto = language(doc, memo)
+        _ir, defs = schema_to_ir(canonical_schema(doc), None, Deadline(None), 16, None)
+        assert defs  # the document is recursive
+        assert bool(reused) == reuses, i
+        for value in TREE_VALUES:
+            want = jsonschema.Draft202012Validator(doc).is_valid(value)
+            assert accepts(auto, compact(value)) == want, (i, value)
+
+
+LEAVES = [{"type": "integer"}, {"type": "string"}, {"enum": ["a", "b"]}, {"type": "null"}]
+
+
+def random_definition(rng: random.Random, n: int) -> dict:
+    """An object, array, anyOf or leaf whose parts refer to any of `n` definitions."""
+
+    def ref() -> dict:
+        return {"$ref": f"#/$defs/d{rng.randrange(n)}"}
+
+    kind = rng.randrange(4)
+    if kind == 0:
+        props = {f"p{i}": ref() if rng.random() < 0.5 else rng.choice(LEAVES)
+                 for i in range(rng.randint(1, 3))}  # fmt: skip
+        required = [k for k in props if rng.random() < 0.3]
+        return {"properties": props, "required": required, "additionalProperties": False}
+    if kind == 1:
+        return {"type": "array", "items": ref(), "maxItems": 2}
+    return {"anyOf": [ref(), rng.choice(LEAVES)]} if kind == 2 else rng.choice(LEAVES)
+
+
+def random_value(rng: random.Random, depth: int = 0):
+    kind = rng.randrange(7 if depth < 3 else 5)
+    if kind == 5:
+        return [random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    if kind == 6:
+        return {
+            f"p{rng.randrange(4)}": random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))
+        }
+    return [rng.randint(-2, 3), rng.choice(["a", "zz"]), True, None, 1.5][kind]
+
+
+def test_recursive_documents_that_share_definitions_agree_with_jsonschema_and_without_memo():
+    """Documents over one set of mutually recursive definitions, a few of them changed per
+    document and entered anywhere, compiled in turn with one memo (recursive conversions taken
+    from earlier documents where what they read is equal): each accepts what jsonschema and the
+    same document compiled without the memo accept."""
+    compiled = 0
+    for seed in range(6):
+        rng = random.Random(seed)
+        base = {f"d{i}": random_definition(rng, 6) for i in range(6)}
+        memo = SubschemaMemo()
+        for _ in range(8):
+            defs = dict(base)
+            for _ in range(rng.randint(0, 2)):
+                defs[f"d{rng.randrange(6)}"] = random_definition(rng, 6)
+            doc = {"$defs": defs, "$ref": f"#/$defs/d{rng.randrange(6)}"}
+            try:
+                auto = language(doc, memo)
+            except ValueError:  # a definition that only refers to itself, say
+                continue
+            plain = language(doc, None)
+            compiled += 1
+            validator = jsonschema.Draft202012Validator(doc)
+            for _ in range(30):
+                value = random_value(rng)
+                try:
+                    want = validator.is_valid(value)
+                except RecursionError:  # jsonschema on a left-recursive anyOf
+                    break
+                got = accepts(auto, compact(value))
+                assert got == accepts(plain, compact(value)), (seed, doc, value)
+                assert not got or want, (seed, doc, value)  # never an invalid value
+    assert compiled >= 30
+
+
 def test_what_holds_a_reused_conversion_reads_its_refs_too():
     # `inner` comes from the memo inside `outer`: `outer` then depends on `t` as well.
     memo = SubschemaMemo()
