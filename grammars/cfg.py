@@ -81,10 +81,15 @@ def nullable_ir(node, memo: dict | None = None) -> bool:
     return fold(node, {} if memo is None else memo, _nullable, known=_known_nullable)
 
 
+def _holds_ref(node, kids: list) -> bool:
+    return isinstance(node, Ref) or any(kids)
+
+
 def _has_ref(node, memo: dict) -> bool:
     if getattr(node, "facts", None) is not None:  # most nodes: no fold needed
         return False
-    return fold(node, memo, lambda n, kids: isinstance(n, Ref) or any(kids), known=_known_ref_free)
+    got = memo.get(id(node))  # asked again for most nodes that hold one (no fold call then)
+    return fold(node, memo, _holds_ref, known=_known_ref_free) if got is None else got
 
 
 class _EbnfLowering:
