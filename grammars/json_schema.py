@@ -58,10 +58,13 @@ Generated form (what a model is made to write):
 - `additionalItems` has no effect unless `items` is an array (as the specification says).
 The language is regular unless `$ref`s recurse; then each schema met again inside its own
 conversion (through `$ref`s, `allOf` merges of recursive targets included) becomes a grammar
-rule. `oneOf` is the union of its branches, so each pair of branches must be proven
-to share no value (`json_schema_disjoint`: JSON types, const/enum values, a required property
-with disjoint schemas or forbidden by the other branch; else `disjoint`'s first-byte type
-check); otherwise it is rejected rather than treated as `anyOf`, which could accept a value
+rule. `oneOf` is the union of its branches where each pair of branches is proven to share no
+value (`json_schema_disjoint`: JSON types, const/enum values, a required property with
+disjoint schemas or forbidden by the other branch; else `disjoint`'s first-byte type check).
+Otherwise: strings that exactly one branch accepts (one product automaton); each branch with
+the `not` of the one other branch it may share values with (A and not B, B and not A); each
+branch only where the names other branches require beyond its own are absent (sound, not
+complete); else it is rejected rather than treated as `anyOf`, which could accept a value
 matching two branches.
 
 Supported keywords: see `json_schema_resolve.HANDLED`; annotations (title, description,
@@ -385,7 +388,8 @@ class SchemaConverter(ContainerConverter):
         if absent is not None:
             cases = [{"type": "object", "properties": dict.fromkeys(n, False)} for n in absent]
         else:
-            cases = object_failures(neg)
+            closed = pos.get("additionalProperties") is False and not pos.get("patternProperties")
+            cases = object_failures(neg, list(pos.get("properties", {})) if closed else None)
             cases = bound_failures(neg) if cases is None else cases
         if cases is not None:
             return Alt(tuple(self.convert(self.schemas.merge(pos, c, where), where) for c in cases))
@@ -473,8 +477,36 @@ class SchemaConverter(ContainerConverter):
                 strings = self._exclusive_strings(schemas, where)
                 if strings is not None:
                     return strings
-                branches = self._separated_by_required(schemas, where, unproven)
+                try:
+                    branches = self._excluding_others(schemas, where, unproven)
+                except CompileTimeout:
+                    raise
+                except ValueError:
+                    branches = self._separated_by_required(schemas, where, unproven)
         return Alt(tuple(branches))
+
+    def _excluding_others(self, schemas: list, where: str, unproven: ValueError) -> list:
+        """IR of `oneOf` branches the prover cannot keep apart, each with the `not` of the one
+        other branch it may share values with (A and not B, B and not A: exactly one); raises
+        `unproven` where a branch may share values with two others or holds a `not` already,
+        or where a `not` is one the converter cannot write."""
+        flat = [self.schemas.flatten(s, f"{where}/oneOf/{i}") for i, s in enumerate(schemas)]
+        if not all(isinstance(s, dict) and "not" not in s for s in flat):
+            raise unproven
+        prover = self._prover(where)
+        out = []
+        for i, s in enumerate(flat):
+            others = [t for j, t in enumerate(flat) if j != i and not prover.disjoint(s, t)]
+            if len(others) > 1:
+                raise unproven
+            try:
+                here = f"{where}/oneOf/{i}"
+                out.append(self.convert({**s, "not": others[0]} if others else s, here))
+            except CompileTimeout:
+                raise
+            except ValueError:
+                raise unproven from None
+        return out
 
     def _exclusive_strings(self, schemas: list, where: str):
         """IR of `oneOf` branches that are all strings (`json_schema_strings`), the strings

@@ -6,10 +6,13 @@ a bound, the object constraints), and a bound's `not` is the complementary bound
 values it applies to (`minLength: 3` fails for strings of at most 2 characters; other types
 meet it, so they never fail it).
 
-An object fails `required` and `properties` by lacking a required name or by holding a
-declared name whose value fails that name's schema (the value's own `not`, converted as any
-other); every other value meets them. `not` of `anyOf` of required names is the objects
-lacking one name of each list (`absent_name_sets`).
+An object fails `required`, `properties` and `additionalProperties` by lacking a required name,
+by holding a declared name whose value fails that name's schema (the value's own `not`,
+converted as any other), or by holding a name not declared whose value fails
+`additionalProperties` (every value fails `false`); every other value meets them. The last
+case is written for the objects whose names are known: those of a schema that allows its
+declared names only. `not` of `anyOf` of required names is the objects lacking one name of each
+list (`absent_name_sets`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,13 @@ _BOUND_FAILURES = {
 }  # fmt: skip
 
 
+# keywords negated together (`additionalProperties` means what it does beside `properties`)
+_GROUPS = {
+    "required": "object", "properties": "object", "additionalProperties": "object",
+    "const": "enum",
+}  # fmt: skip
+
+
 def negation_clauses(neg: dict) -> list[dict]:
     """`neg`'s keywords in the groups whose conjunction it is (each negated on its own);
     a format that is an annotation constrains nothing and is left out."""
@@ -41,7 +51,7 @@ def negation_clauses(neg: dict) -> list[dict]:
             continue
         if key == "format" and value not in FORMATS:
             continue
-        group = {"required": "object", "properties": "object", "const": "enum"}.get(key, key)
+        group = _GROUPS.get(key, key)
         groups.setdefault(group, {})[key] = value
     return list(groups.values())
 
@@ -86,11 +96,13 @@ def absent_name_sets(neg, keys: set, inline: Inline, where: str) -> list[list[st
     return sorted(sorted(p) for p in smallest)
 
 
-def object_failures(neg: dict) -> list | None:
-    """The schemas of the objects failing `neg`, `required` and/or `properties` (None for
-    other keywords): one per required name (it is absent) and one per declared name (present,
-    with a value failing that name's schema)."""
-    if not neg or not set(neg) <= {"required", "properties"}:
+def object_failures(neg: dict, names: list[str] | None = None) -> list | None:
+    """The schemas of the objects failing `neg`, `required`, `properties` and/or
+    `additionalProperties` (None for other keywords): one per required name (it is absent),
+    one per declared name (present, with a value failing that name's schema), and one per name
+    of `names` (all an object may hold) that `neg` does not declare (present, with a value
+    failing `additionalProperties`; None when that may fail and `names` is None)."""
+    if not neg or not set(neg) <= {"required", "properties", "additionalProperties"}:
         return None
     cases: list = [
         {"type": "object", "properties": {name: False}}
@@ -101,4 +113,16 @@ def object_failures(neg: dict) -> list | None:
             continue  # no value fails it
         failing = True if sub is False else {"not": sub}
         cases.append({"type": "object", "required": [name], "properties": {name: failing}})
+    extra = neg.get("additionalProperties", True)
+    if extra is True or extra == {}:
+        return cases  # no value fails it
+    if names is None:
+        return None
+    failing = True if extra is False else {"not": extra}
+    declared = neg.get("properties", {})
+    cases += [
+        {"type": "object", "required": [name], "properties": {name: failing}}
+        for name in names
+        if name not in declared
+    ]
     return cases

@@ -201,6 +201,16 @@ CASES = [
       "oneOf": [{"properties": {"kind": {"const": "a"}}, "required": ["kind"]},
                 {"properties": {"kind": {"enum": ["b", "c"]}}, "required": ["kind", "n"]}]},
      [{"kind": "a"}, {"kind": "b", "n": 1}, {"kind": "b"}, {"kind": "d", "n": 1}, {"n": 1}]),
+    # `not` of a closed object, beside an object whose names are known: a name it does not
+    # declare, a declared value it refuses, or a required name absent
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "additionalProperties": False,
+      "not": {"properties": {"a": {"minimum": 0}}, "required": ["a"], "additionalProperties": False}},
+     [{}, {"a": 1}, {"a": -1}, {"b": 1}, {"a": 1, "b": 2}, {"c": 1}, {"a": "s"}]),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "additionalProperties": False,
+      "not": {"properties": {"a": {}}, "additionalProperties": {"type": "integer", "maximum": 3}}},
+     [{}, {"a": 1}, {"b": 1}, {"b": 4}, {"a": 1, "b": 9}]),
 ]  # fmt: skip
 
 
@@ -224,28 +234,41 @@ def test_draft7_dependencies_and_additional_items(smollm):
 
 
 def test_one_of_branches_apart_only_by_required_names_are_kept_apart(smollm):
-    """oneOf branches the prover cannot keep apart, which each require a name the others do
-    not: a branch is taken only where the names only the other branches require are absent.
-    Everything accepted is valid; an object that fails one branch only by a value, with both
-    branches' names present, is left out (documented in `_separated_by_required`)."""
+    """oneOf branches the prover cannot keep apart. Two: each is taken with the `not` of the
+    other, exactly. Three that each meet both others: a branch is taken only where the names
+    only the other branches require are absent; everything accepted is valid, and an object
+    that fails another branch only by a value, with that branch's names present, is left out
+    (documented in `_separated_by_required`)."""
     tok, gc = smollm
-    schema = {"type": "object",
-              "properties": {"id": {"type": "string"}, "win": {"type": "integer"}, "lose": {"type": "integer"}},
-              "oneOf": [{"required": ["id", "win"], "properties": {"win": {"minimum": 0}}},
-                        {"required": ["id", "lose"]}]}  # fmt: skip
-    g = gc.compile_json_schema(schema)
-    checker = jsonschema.Draft202012Validator(schema)
+    props = {"id": {"type": "string"}, "win": {"type": "integer"}, "lose": {"type": "integer"},
+             "draw": {"type": "integer"}}  # fmt: skip
+    two = {"type": "object", "properties": props,
+           "oneOf": [{"required": ["id", "win"], "properties": {"win": {"minimum": 0}}},
+                     {"required": ["id", "lose"]}]}  # fmt: skip
     values = [{"id": "a", "win": 1}, {"id": "a", "lose": 1}, {"id": "a", "win": 1, "lose": 2},
               {"id": "a", "win": -1, "lose": 2}, {"id": "a"}, {"win": 1}]  # fmt: skip
+    g = gc.compile_json_schema(two)
+    checker = jsonschema.Draft202012Validator(two)
+    assert [accepts(tok, g, v) for v in values] == [checker.is_valid(v) for v in values]
+    assert checker.is_valid(values[3])
+    three = {**two, "oneOf": [*two["oneOf"], {"required": ["id", "draw"]}]}
+    g = gc.compile_json_schema(three)
+    checker = jsonschema.Draft202012Validator(three)
+    values += [{"id": "a", "draw": 1}, {"id": "a", "lose": 1, "draw": 2},
+               {"id": "a", "win": -1, "draw": 2}]  # fmt: skip
     accepted = [accepts(tok, g, v) for v in values]
-    assert accepted == [True, True, False, False, False, False]
+    assert accepted == [True, True, False, False, False, False, True, False, False]
     assert all(checker.is_valid(v) for v, ok in zip(values, accepted, strict=True) if ok)
-    assert checker.is_valid(values[3])  # valid, but not generated
+    assert checker.is_valid(values[3]) and checker.is_valid(values[8])  # valid, not generated
 
 
 def test_unprovable_one_of_and_not_forms_raise(smollm):
     _tok, gc = smollm
     with pytest.raises(ValueError, match="oneOf branches 0 and 1 may overlap"):
+        gc.compile_json_schema({"oneOf": [{"type": "array", "items": {"type": "integer"}},
+                                          {"type": "array", "items": {"type": "string"}}]})  # fmt: skip
+    # Every object meets both open branches: no value matches exactly one.
+    with pytest.raises(ValueError, match="the grammar matches no text"):
         gc.compile_json_schema({"oneOf": [{"type": "object", "properties": {"a": {}}},
                                           {"type": "object", "properties": {"b": {}}}]})  # fmt: skip
     with pytest.raises(ValueError, match="'not' integer among numbers"):
@@ -260,3 +283,8 @@ def test_unprovable_one_of_and_not_forms_raise(smollm):
         gc.compile_json_schema({"type": "object", "propertyNames": {"maxLength": "8"}})
     with pytest.raises(ValueError, match="unsupported form of 'not'"):
         gc.compile_json_schema({"not": {"anyOf": [{"type": "string"}]}})
+    # The names an open object may hold are not listed: "a name `not` does not declare" is not
+    # written.
+    with pytest.raises(ValueError, match="unsupported form of 'not'"):
+        gc.compile_json_schema({"type": "object", "properties": {"a": {}},
+                                "not": {"properties": {"a": {}}, "additionalProperties": False}})  # fmt: skip

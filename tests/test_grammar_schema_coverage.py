@@ -249,11 +249,46 @@ def test_oneof_branches_proven_exclusive(gc, case):
     agree(gc, ONE_OF_CASES[case], ONE_OF_VALUES)
 
 
+CLOSED_A = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}},
+    "additionalProperties": False,
+}
+CLOSED_AB = {"type": "object", "additionalProperties": False,
+             "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}}  # fmt: skip
+OVERLAPPING = {
+    # 3 matches both: numbers past either bound only (and no other type)
+    "bounds": ({"oneOf": [{"minimum": 1}, {"maximum": 5}]},
+               [0, 1, 3, 5, 6, 7.5, -2, "s", None, []]),
+    # {} matches both; a branch is taken where its tag is there
+    "open-tags": ({"oneOf": [kind("a", False), kind("b", False)]},
+                  [{}, {"type": "a"}, {"type": "b"}, {"type": "c"}, {"x": 1}, 1]),
+    # {} matches both closed objects; each holds a name or a value the other refuses
+    "closed-names": ({"oneOf": [CLOSED_A, CLOSED_AB]},
+                     [{}, {"a": 1}, {"a": "s"}, {"b": 1}, {"a": 1, "b": 2}, {"a": "s", "b": 1},
+                      {"c": 1}, {"a": None}]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(OVERLAPPING))
+def test_oneof_branches_that_overlap_each_take_the_others_not(gc, case):
+    """Branches the prover cannot keep apart, each sharing values with one other branch: each
+    is taken with the `not` of that one (A and not B, B and not A), so exactly one matches."""
+    schema, values = OVERLAPPING[case]
+    agree(gc, schema, values)
+
+
 @pytest.mark.parametrize(
     "schema",
     [
-        {"oneOf": [{"minimum": 1}, {"maximum": 5}]},  # 3 matches both
-        {"oneOf": [kind("a", False), kind("b", False)]},  # {} matches both
+        {"oneOf": [{"minimum": 1}, {"maximum": 5}, {"multipleOf": 2}]},  # each meets both others
+        # [] matches both, and `not` of `items` is not written
+        {
+            "oneOf": [
+                {"type": "array", "items": {"type": "integer"}},
+                {"type": "array", "items": {"type": "string"}},
+            ]
+        },  # fmt: skip
         {"oneOf": [{"enum": [{"type": "void"}]}, {"properties": {"type": {"type": "string"}}}]},
     ],
 )
