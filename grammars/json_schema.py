@@ -78,6 +78,8 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
+import math
 
 from .budget import GrammarLimits
 from .disjoint import check_disjoint
@@ -99,6 +101,7 @@ from .json_schema_objects import (
 from .json_schema_resolve import (
     CONDITIONAL,
     HANDLED,
+    MAX_MERGED_BRANCHES,
     TYPES,
     UNSUPPORTED,
     SchemaResolver,
@@ -384,13 +387,7 @@ class SchemaConverter(ContainerConverter):
                 raise ValueError(f"{where}: 'not' integer among numbers is not supported")
             kept = [t for t in types if t not in bad and not (t == "integer" and "number" in bad)]
             return self.convert({**pos, "type": kept}, where) if kept else NEVER
-        absent = absent_name_sets(neg, keys, self.schemas.inline, where)
-        if absent is not None:
-            cases = [{"type": "object", "properties": dict.fromkeys(n, False)} for n in absent]
-        else:
-            closed = pos.get("additionalProperties") is False and not pos.get("patternProperties")
-            cases = object_failures(neg, list(pos.get("properties", {})) if closed else None)
-            cases = bound_failures(neg) if cases is None else cases
+        cases = self._clause_failures(neg, pos, where)
         if cases is not None:
             return Alt(tuple(self.convert(self.schemas.merge(pos, c, where), where) for c in cases))
         if "anyOf" in pos or "oneOf" in pos:
@@ -444,6 +441,46 @@ class SchemaConverter(ContainerConverter):
             "required, and allOf of them)"
         )
 
+    def _clause_failures(self, neg: dict, pos: dict, where: str) -> list | None:
+        """The schemas of the values of `pos` failing `neg`, one clause of a `not`
+        (`negation_clauses`) of required names, object constraints or a bound, each to be
+        merged with `pos`; None for other clauses."""
+        absent = absent_name_sets(neg, set(neg), self.schemas.inline, where)
+        if absent is not None:
+            return [{"type": "object", "properties": dict.fromkeys(n, False)} for n in absent]
+        closed = pos.get("additionalProperties") is False and not pos.get("patternProperties")
+        cases = object_failures(neg, list(pos.get("properties", {})) if closed else None)
+        return bound_failures(neg) if cases is None else cases
+
+    def _failures(self, neg, pos: dict, where: str) -> list | None:
+        """The schemas of the values of `pos` failing `neg` (their union is `not neg`), each
+        to be merged with `pos`, where every clause of `neg` is a type, a `not`, or one
+        `_clause_failures` writes; None otherwise."""
+        neg = self.schemas.flatten(neg, f"{where}/not")
+        if neg is False:
+            return [{}]
+        if not isinstance(neg, dict):
+            return None if neg is not True else []
+        out: list = []
+        for clause in negation_clauses(neg):
+            keys = set(clause)
+            if keys == {"type"}:
+                bad = {clause["type"]} if isinstance(clause["type"], str) else set(clause["type"])
+                if "integer" in bad and "number" not in bad:
+                    return None  # the numbers that are not integers: no `type` says so
+                kept = [
+                    t for t in TYPES if t not in bad and not (t == "integer" and "number" in bad)
+                ]
+                out += [{"type": kept}] if kept else []
+            elif keys == {"not"}:
+                out.append(clause["not"])
+            else:
+                cases = self._clause_failures(clause, pos, where)
+                if cases is None:
+                    return None
+                out += cases
+        return out
+
     def _alternatives(self, schema, where: str):
         if "anyOf" in schema and "oneOf" in schema:
             # (any of A) and (exactly one of O): any of (a and exactly one of O), a in A
@@ -486,10 +523,12 @@ class SchemaConverter(ContainerConverter):
         return Alt(tuple(branches))
 
     def _excluding_others(self, schemas: list, where: str, unproven: ValueError) -> list:
-        """IR of `oneOf` branches the prover cannot keep apart, each with the `not` of the one
-        other branch it may share values with (A and not B, B and not A: exactly one); raises
-        `unproven` where a branch may share values with two others or holds a `not` already,
-        or where a `not` is one the converter cannot write."""
+        """IR of `oneOf` branches the prover cannot keep apart, each with the `not` of every
+        other branch it may share values with (A and not B, B and not A: exactly one); with
+        two or more of those, the `not`s are written by cases (types, required names, object
+        constraints, bounds: `_failures`). Raises `unproven` where a branch holds a `not`
+        already, a `not` is one the converter cannot write, or the cases pass
+        `MAX_MERGED_BRANCHES`."""
         flat = [self.schemas.flatten(s, f"{where}/oneOf/{i}") for i, s in enumerate(schemas)]
         if not all(isinstance(s, dict) and "not" not in s for s in flat):
             raise unproven
@@ -497,11 +536,25 @@ class SchemaConverter(ContainerConverter):
         out = []
         for i, s in enumerate(flat):
             others = [t for j, t in enumerate(flat) if j != i and not prover.disjoint(s, t)]
-            if len(others) > 1:
-                raise unproven
+            here = f"{where}/oneOf/{i}"
             try:
-                here = f"{where}/oneOf/{i}"
-                out.append(self.convert({**s, "not": others[0]} if others else s, here))
+                if len(others) <= 1:
+                    out.append(self.convert({**s, "not": others[0]} if others else s, here))
+                    continue
+                # Two or more: the union, over one way to fail each, of the branch and those.
+                failures = [self._failures(t, s, here) for t in others]
+                if (
+                    any(f is None for f in failures)
+                    or math.prod(map(len, failures)) > MAX_MERGED_BRANCHES
+                ):
+                    raise unproven
+                cases = []
+                for picks in itertools.product(*failures):
+                    merged = s
+                    for case in picks:
+                        merged = self.schemas.merge(merged, case, here)
+                    cases.append(self.convert(merged, here))
+                out.append(Alt(tuple(cases)))
             except CompileTimeout:
                 raise
             except ValueError:

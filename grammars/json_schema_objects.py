@@ -257,6 +257,8 @@ class ContainerConverter:
             tail = True if items is None else items  # additionalItems applies to arrays only
         lo, hi = int(schema.get("minItems", 0)), schema.get("maxItems")
         hi = None if hi is None else int(hi)
+        if hi is not None and hi < lo:
+            return NEVER  # bounds no length meets (merged parts, a `not` of a bound)
         unique = schema.get("uniqueItems", False)
         if not isinstance(unique, bool):
             raise ValueError(f"{where}: uniqueItems must be a boolean, got {unique!r}")

@@ -130,6 +130,8 @@ def string_ir(
     hi = None if hi is None else int(hi)
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"{where}: unsupported string format {fmt!r}")
+    if hi is not None and hi < lo:
+        return NEVER  # bounds no length meets (merged parts, a `not` of a bound)
     parts = [parse_search_regex(pattern)] if pattern is not None else []
     parts += [parse_regex(FORMATS[fmt])] if fmt is not None else []
     if not parts and exclude is None and not exclude_words:

@@ -201,6 +201,13 @@ CASES = [
       "oneOf": [{"properties": {"kind": {"const": "a"}}, "required": ["kind"]},
                 {"properties": {"kind": {"enum": ["b", "c"]}}, "required": ["kind", "n"]}]},
      [{"kind": "a"}, {"kind": "b", "n": 1}, {"kind": "b"}, {"kind": "d", "n": 1}, {"n": 1}]),
+    # length bounds no string or array meets: that branch is empty, the other stays
+    ({"anyOf": [{"type": "string", "minLength": 2, "maxLength": 1}, {"type": "null"}]},
+     [None, "a", "ab", ""]),
+    ({"anyOf": [{"type": "array", "minItems": 3, "maxItems": 2}, {"type": "null"}]},
+     [None, [], [1, 2, 3]]),
+    ({"anyOf": [{"type": "string", "not": {"maxLength": 3}, "maxLength": 2}, {"type": "null"}]},
+     ["", "abc", None]),
     # `not` of a closed object, beside an object whose names are known: a name it does not
     # declare, a declared value it refuses, or a required name absent
     ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},

@@ -256,6 +256,11 @@ CLOSED_A = {
 }
 CLOSED_AB = {"type": "object", "additionalProperties": False,
              "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}}  # fmt: skip
+CLOSED_B = {
+    "type": "object",
+    "properties": {"b": {"type": "string"}},
+    "additionalProperties": False,
+}
 OVERLAPPING = {
     # 3 matches both: numbers past either bound only (and no other type)
     "bounds": ({"oneOf": [{"minimum": 1}, {"maximum": 5}]},
@@ -267,13 +272,19 @@ OVERLAPPING = {
     "closed-names": ({"oneOf": [CLOSED_A, CLOSED_AB]},
                      [{}, {"a": 1}, {"a": "s"}, {"b": 1}, {"a": 1, "b": 2}, {"a": "s", "b": 1},
                       {"c": 1}, {"a": None}]),
+    # each branch meets both others: each is taken where it fails both (by cases)
+    "three-bounds": ({"oneOf": [{"minimum": 1}, {"maximum": 5}, {"type": "string"}]},
+                     [0, 1, 3, 5, 6, "s", None, {}]),
+    "three-closed": ({"oneOf": [CLOSED_A, CLOSED_AB, CLOSED_B]},
+                     [{}, {"a": 1}, {"a": "s"}, {"b": 1}, {"b": "s"}, {"a": "s", "b": 1},
+                      {"a": 1, "b": "s"}, {"c": 1}]),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("case", list(OVERLAPPING))
 def test_oneof_branches_that_overlap_each_take_the_others_not(gc, case):
-    """Branches the prover cannot keep apart, each sharing values with one other branch: each
-    is taken with the `not` of that one (A and not B, B and not A), so exactly one matches."""
+    """Branches the prover cannot keep apart: each is taken with the `not` of every other
+    branch it may share values with (A and not B, B and not A), so exactly one matches."""
     schema, values = OVERLAPPING[case]
     agree(gc, schema, values)
 
@@ -281,7 +292,8 @@ def test_oneof_branches_that_overlap_each_take_the_others_not(gc, case):
 @pytest.mark.parametrize(
     "schema",
     [
-        {"oneOf": [{"minimum": 1}, {"maximum": 5}, {"multipleOf": 2}]},  # each meets both others
+        # each meets both others, and `not` of a multipleOf is not written by cases
+        {"oneOf": [{"minimum": 1}, {"maximum": 5}, {"multipleOf": 2}]},
         # [] matches both, and `not` of `items` is not written
         {
             "oneOf": [
