@@ -62,9 +62,9 @@ rule. `oneOf` is the union of its branches where each pair of branches is proven
 value (`json_schema_disjoint`: JSON types, const/enum values, a required property with
 disjoint schemas or forbidden by the other branch; else `disjoint`'s first-byte type check).
 Otherwise: strings that exactly one branch accepts (one product automaton); each branch with
-the `not` of the one other branch it may share values with (A and not B, B and not A); each
-branch only where the names other branches require beyond its own are absent (sound, not
-complete); else it is rejected rather than treated as `anyOf`, which could accept a value
+the `not` of every other branch it may share values with (A and not B, B and not A; by cases
+where there are two or more); each branch only where the names other branches require beyond
+its own are absent (sound, not complete); else it is rejected rather than treated as `anyOf`, which could accept a value
 matching two branches.
 
 Supported keywords: see `json_schema_resolve.HANDLED`; annotations (title, description,
@@ -90,6 +90,7 @@ from .json_schema_negation import (
     bound_failures,
     negation_clauses,
     object_failures,
+    types_failing,
 )
 from .json_schema_numbers import NUMBER, check_numbers, integer_ir, number_ir
 from .json_schema_objects import (
@@ -154,14 +155,13 @@ class SchemaConverter(ContainerConverter):
         # Schemas (by key) under conversion -> their rule's name, and the names used inside.
         self._pending: dict[int, str] = {}
         self._recursive: set[str] = set()
-        # Conversions under way, outermost first: their numbers in the order they started, and
-        # their names (also as a set).
+        # Conversions under way, outermost first: (number in the order they started, name);
+        # their names also as a set.
         # Logs that a conversion's own part (from where the log stood when it started) tells
         # it by: names of conversions whose reads its IR relies on (it is "open" on those still
         # under way: it recurses into their rules, say), and rules its IR uses. Per conversion
         # made: the rules its IR uses; per one that ended open, its number.
-        self._chain: list[int] = []
-        self._chain_names: list[str] = []
+        self._chain: list[tuple[int, str]] = []
         self._under_way: set[str] = set()
         self._open_log: list[str] = []
         self._uses_log: list[str] = []
@@ -219,8 +219,7 @@ class SchemaConverter(ContainerConverter):
         start, unshared = len(self.schemas.resolved), self._unshared_uses
         open_from, uses_from = len(self._open_log), len(self._uses_log)
         started = self._started = self._started + 1
-        self._chain.append(started)
-        self._chain_names.append(name)
+        self._chain.append((started, name))
         self._under_way.add(name)
         self.schemas.enter(where)
         try:
@@ -232,7 +231,6 @@ class SchemaConverter(ContainerConverter):
             self.schemas.leave()
             del self._pending[key]
             self._chain.pop()
-            self._chain_names.pop()
             self._under_way.discard(name)
         opened = _NONE
         if len(self._open_log) > open_from:  # kept: those still under way (ancestors)
@@ -272,9 +270,9 @@ class SchemaConverter(ContainerConverter):
         """Account for reusing this compile's conversion of `key` (see `convert`)."""
         started = self._open_of.get(key)
         # the innermost conversion under way that was when it started
-        at = -1 if started is None else bisect.bisect_left(self._chain, started) - 1
+        at = -1 if started is None else bisect.bisect_left(self._chain, (started,)) - 1
         if at >= 0:
-            outer = self._chain_names[at]
+            outer = self._chain[at][1]
             # What an open conversion relies on was made inside the conversions under way when
             # it ran (those it was open on included), whose reads count it: the user is open
             # on the innermost of them that is still under way.
@@ -382,10 +380,9 @@ class SchemaConverter(ContainerConverter):
         types = pos.get("type", list(TYPES))
         types = [types] if isinstance(types, str) else list(types)
         if keys == {"type"}:
-            bad = {neg["type"]} if isinstance(neg["type"], str) else set(neg["type"])
-            if "integer" in bad and "number" not in bad and "number" in types:
+            kept = types_failing(neg["type"], types)
+            if kept is None:
                 raise ValueError(f"{where}: 'not' integer among numbers is not supported")
-            kept = [t for t in types if t not in bad and not (t == "integer" and "number" in bad)]
             return self.convert({**pos, "type": kept}, where) if kept else NEVER
         cases = self._clause_failures(neg, pos, where)
         if cases is not None:
@@ -457,20 +454,15 @@ class SchemaConverter(ContainerConverter):
         to be merged with `pos`, where every clause of `neg` is a type, a `not`, or one
         `_clause_failures` writes; None otherwise."""
         neg = self.schemas.flatten(neg, f"{where}/not")
-        if neg is False:
-            return [{}]
-        if not isinstance(neg, dict):
-            return None if neg is not True else []
+        if isinstance(neg, bool):
+            return [] if neg else [{}]  # every value meets true, and fails false
         out: list = []
         for clause in negation_clauses(neg):
             keys = set(clause)
             if keys == {"type"}:
-                bad = {clause["type"]} if isinstance(clause["type"], str) else set(clause["type"])
-                if "integer" in bad and "number" not in bad:
-                    return None  # the numbers that are not integers: no `type` says so
-                kept = [
-                    t for t in TYPES if t not in bad and not (t == "integer" and "number" in bad)
-                ]
+                kept = types_failing(clause["type"], TYPES)
+                if kept is None:
+                    return None
                 out += [{"type": kept}] if kept else []
             elif keys == {"not"}:
                 out.append(clause["not"])

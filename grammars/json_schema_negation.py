@@ -56,6 +56,16 @@ def negation_clauses(neg: dict) -> list[dict]:
     return list(groups.values())
 
 
+def types_failing(bad, types) -> list[str] | None:
+    """The types of `types` whose values all fail `{"type": bad}` (integers fail "number"
+    too); None where `bad` holds integers and `types` numbers (the numbers that are not
+    integers: no `type` says so)."""
+    bad = {bad} if isinstance(bad, str) else set(bad)
+    if "integer" in bad and "number" not in bad and "number" in types:
+        return None
+    return [t for t in types if t not in bad and not (t == "integer" and "number" in bad)]
+
+
 def bound_failures(neg: dict) -> list | None:
     """The schema of the values failing `neg`, one bound (`minimum`, `maxLength`, ...): the
     complementary bound on the type the bound applies to ([] when none fails it); None when
