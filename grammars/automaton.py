@@ -29,6 +29,8 @@ class ByteAutomaton(Protocol):
 
     def is_accepting(self, state: int) -> bool: ...
 
+    def containers(self) -> list: ...
+
 
 class RegexAutomaton:
     """Lazy DFA over the bytes of the strings a regex IR matches (its NFA is lazy too)."""
@@ -53,6 +55,9 @@ class RegexAutomaton:
 
     def row_pointers(self) -> np.ndarray:
         return self.dfa.states.pointers
+
+    def containers(self) -> list:
+        return self.dfa.containers()
 
     def is_accepting(self, state: int) -> bool:
         return self._final in self.dfa.sets[state]

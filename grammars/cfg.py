@@ -35,7 +35,7 @@ import numpy as np
 from .budget import GrammarBudget
 from .nfa import NFA, Deadline, EmptyLanguage, LazyDFA, nfa_nbytes
 from .regex_ir import Alt, Chars, Dfa, Ref, Repeat, Seq, fold
-from .states import DICT_ENTRY_BYTES, StateRows
+from .states import DICT_ENTRY_BYTES, StateRows, untracked
 
 _ITEM_BYTES = sys.getsizeof((0, 0, 0)) + 8  # an item tuple and its slot
 _SET_BYTES = 4 * DICT_ENTRY_BYTES  # an EarleySet, its dicts and its interning key
@@ -256,16 +256,22 @@ class EarleyParser:
         rules = self._productive(rules)
         if not any(lhs == nt[bnf.start] for lhs, _ in rules):
             raise ValueError(f"start rule {bnf.start!r} derives no finite text")
-        self.rules = [(-1, (nt[bnf.start],))] + rules
-        self.by_lhs: dict[int, list[int]] = {}
+        self.rules = ((-1, (nt[bnf.start],)), *rules)  # a tuple, as `by_lhs`'s below
+        by_lhs: dict[int, list[int]] = {}
         for i, (lhs, _) in enumerate(self.rules):
-            self.by_lhs.setdefault(lhs, []).append(i)
+            by_lhs.setdefault(lhs, []).append(i)
+        # tuples: the collector stops tracking a tuple of ints once it has seen it, never a list
+        self.by_lhs = {lhs: tuple(rules) for lhs, rules in by_lhs.items()}
         self.nullable = self._nullable()
         self.budget = budget
         self.chart_items = 0  # items kept by the interned sets
         self.sets: list[EarleySet] = []  # by number
         self._interned: dict[tuple, int] = {}  # sorted seed items -> set number
         self.root = self._closure([(0, 0, _THIS_SET)])
+
+    def containers(self) -> list:
+        """The chart's list and dict, which this parser alone holds (see `reaper`)."""
+        return [self.sets, self._interned]
 
     def _productive(self, rules):
         good = _derivable(rules, lambda s: s < self.T)
@@ -331,7 +337,7 @@ class EarleyParser:
         self.budget.check("max_chart_items", self.chart_items + items, "items in the Earley chart")
         self.budget.charge(items * _ITEM_BYTES + len(key) * _ITEM_BYTES + _SET_BYTES)
         self.chart_items += items
-        got = self._interned[key] = len(self.sets)
+        got = self._interned[untracked(key)] = len(self.sets)
         self.sets.append(node)
         return got
 
@@ -365,8 +371,7 @@ class GrammarAutomaton:
         self.budget = GrammarBudget()
         self.budget.charge(nfa_nbytes(nfa))
         self.lexer = LazyDFA(nfa, self.budget)
-        for node in bnf.terminals:
-            self.lexer.untrack_ir(node)
+        self.lexer.untrack_ir(*bnf.terminals)
         self.parser = EarleyParser(bnf, len(bnf.terminals), self.budget)
         self.ignore = frozenset(bnf.ignore)
         self._lex_start: dict[frozenset, int] = {}
@@ -412,7 +417,7 @@ class GrammarAutomaton:
                         out.update(self._fresh(nxt))
             got = tuple(sorted(out))
             self.budget.charge(sys.getsizeof(got) + len(out) * _ITEM_BYTES + DICT_ENTRY_BYTES)
-            self._expand[key] = got
+            self._expand[untracked(key)] = untracked(got)
         return got
 
     def _lex_groups(self, lex: int) -> tuple[tuple[int, ...], np.ndarray]:
@@ -461,6 +466,10 @@ class GrammarAutomaton:
 
     def row_pointers(self) -> np.ndarray:
         return self.states.pointers
+
+    def containers(self) -> list:
+        return [self._expand, self._groups, self._lex_start, *self.states.containers(),
+                *self.parser.containers(), *self.lexer.containers()]  # fmt: skip
 
     def is_accepting(self, state: int) -> bool:
         sets = self.parser.sets

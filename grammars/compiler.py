@@ -20,7 +20,8 @@ from .lark_import import lark_to_bnf
 from .matcher import CompiledGrammar
 from .native_rows import dfa_rows
 from .native_walk import prepare as prepare_mask_walk
-from .nfa import Deadline
+from .nfa import Deadline, untrack_ir
+from .reaper import reaper
 from .regex_ir import Alt, literal
 from .regex_parse import parse_regex, warm_unicode_classes
 from .source_kinds import SourceKinds
@@ -97,10 +98,11 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
     def clear_cache(self) -> None:
         """Forget every cached grammar (matchers keep theirs alive while they are used)."""
         with self._lock:
-            dropped, self._cache = self._cache, OrderedDict()
+            dropped = list(self._cache.values())
+            self._cache = OrderedDict()
             self._sizes.clear()
             self._total = 0
-        dropped.clear()  # freed outside the lock (see `_cached`)
+        reaper.drop(dropped)
 
     def _cached(self, kind: str, source: str, build: Callable) -> CompiledGrammar:
         key = (kind, source)
@@ -110,7 +112,7 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
                 self._cache.move_to_end(key)
                 dropped = self._shrink(key)  # cached grammars grow as requests use them
         if got is not None:
-            dropped.clear()
+            reaper.drop(dropped)
             return got
         deadline = Deadline(self.compile_timeout)
         automaton = build(deadline)
@@ -120,9 +122,9 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
             got = self._cache.setdefault(key, got)
             self._cache.move_to_end(key)
             dropped = self._shrink(key)
-        # Freed here, outside the lock: a walked grammar holds up to hundreds of thousands of
-        # objects and takes milliseconds to free, which other threads' lookups need not wait.
-        dropped.clear()
+        # A walked grammar holds up to hundreds of thousands of objects and takes milliseconds
+        # to free: on the reaper's thread, a slice at a time (`reaper`), not in this compile.
+        reaper.drop(dropped)
         return got
 
     def _shrink(self, used: tuple[str, str]) -> list[CompiledGrammar]:
@@ -226,7 +228,9 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
             if not defs:
                 return RegexAutomaton(ir, deadline)
             defs = {"start": ir, **defs}
-            return GrammarAutomaton(bnf_from_ebnf(defs, "start", deadline), deadline)
+            automaton = GrammarAutomaton(bnf_from_ebnf(defs, "start", deadline), deadline)
+            untrack_ir(*defs.values())  # the rules' IR, kept by the sub-schema memo
+            return automaton
 
         return source.key, build
 

@@ -24,7 +24,8 @@
 #define ERR (-2)        /* a state-returning function's error (-1 is "matches nothing") */
 
 /* Set once by `configure`: the IR classes, `nfa._sequences`, the byte costs and the limit. */
-static PyObject *chars_type, *seq_type, *alt_type, *repeat_type, *dfa_type, *sequences_fn;
+static PyObject *chars_type, *seq_type, *alt_type, *repeat_type, *dfa_type, *ref_type,
+    *sequences_fn;
 static long max_nfa_states, state_bytes, edge_bytes, entry_bytes;
 static long tuple_base, tuple_item; /* sys.getsizeof of a tuple: base + item * length */
 static PyObject *empty, *zero; /* b"" (no moves or edges) and 0 */
@@ -242,7 +243,7 @@ static int dict_pop(PyObject *dict, PyObject *key, PyObject **out) {
 static int is_ir(PyObject *x) {
     PyObject *t = (PyObject *)Py_TYPE(x);
     return chars_type != NULL && (t == chars_type || t == seq_type || t == alt_type ||
-                                  t == repeat_type || t == dfa_type);
+                                  t == repeat_type || t == dfa_type || t == ref_type);
 }
 
 /* Takes tuple `t` out of the cyclic collector's sight when nothing in it can be in a reference
@@ -264,12 +265,12 @@ static void untrack_atoms(PyObject *t) {
     PyObject_GC_UnTrack(t);
 }
 
-/* Takes the regex IR graph from `node` (its nodes, their item tuples and ranges) out of the
- * cyclic collector's sight, stopping at nodes already out of it (IR shared with an earlier
- * grammar is walked once): 0, or -1 on error. IR is immutable and built from its leaves up, so
- * no reference cycle can run through it; a cached grammar keeps its IR for the lazy NFA, and
- * each full collection would otherwise walk all of it. A node of another kind (a `Ref`) is
- * left as it is, and so is a tuple that holds one. */
+/* Takes the regex IR graph from `node` (its nodes, their attribute dicts, item tuples and
+ * ranges) out of the cyclic collector's sight, stopping at nodes already out of it (IR shared
+ * with an earlier grammar is walked once): 0, or -1 on error. IR is immutable and built from
+ * its leaves up, so no reference cycle can run through it (a `Ref` names a rule, it does not
+ * hold it); a cached grammar keeps its IR for the lazy NFA, the sub-schema memo keeps it for
+ * later compiles, and each full collection would otherwise walk all of it. */
 static int untrack_graph(PyObject *node) {
     if (!is_ir(node) || !PyObject_GC_IsTracked(node)) return 0;
     Py_ssize_t n = 0, cap = 64;
@@ -289,7 +290,13 @@ static int untrack_graph(PyObject *node) {
                          : t == chars_type               ? s_ranges
                                                          : NULL;
         PyObject_GC_UnTrack(x);
-        if (name == NULL) continue; /* a Dfa: its table and spelling stay as they are */
+        if (name == NULL) continue; /* a Ref; a Dfa: its table and spelling stay as they are */
+        if (t != chars_type) { /* Seq, Alt and Repeat write their fields into their dict */
+            PyObject *fields = PyObject_GenericGetDict(x, NULL);
+            if (fields == NULL) goto done;
+            if (PyObject_GC_IsTracked(fields)) PyObject_GC_UnTrack(fields);
+            Py_DECREF(fields);
+        }
         PyObject *kids = PyObject_GetAttr(x, name);
         if (kids == NULL) goto done;
         Py_DECREF(kids); /* the node holds it */
@@ -367,6 +374,23 @@ static void untrack_dict(PyObject *dict) {
     PyObject_GC_UnTrack(dict);
 }
 
+/* `untrack_dict` that looks at every entry, untracking each tuple it can even past one that
+ * keeps the dict tracked: for a dict swept once, not at every call. */
+static void untrack_entries(PyObject *dict) {
+    int atoms = 1;
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(dict, &pos, &key, &value)) {
+        PyObject *kv[] = {key, value};
+        for (int i = 0; i < 2; i++) {
+            if (PyTuple_CheckExact(kv[i])) untrack_atoms(kv[i]);
+            if (PyObject_IS_GC(kv[i]) && (!PyTuple_CheckExact(kv[i]) || PyObject_GC_IsTracked(kv[i])))
+                atoms = 0;
+        }
+    }
+    if (atoms && PyObject_GC_IsTracked(dict)) PyObject_GC_UnTrack(dict);
+}
+
 /* What one call reads and writes: the NFA's containers (`NFA._parts`, borrowed from the
  * `parts` tuple it holds) and the bytes built but not yet charged. */
 typedef struct {
@@ -409,6 +433,39 @@ static int ctx_load(Ctx *c, PyObject *nfa) {
                            c->tags, c->ends, c->bodies, c->node_ids};
     for (size_t i = 0; i < sizeof(numbers) / sizeof(*numbers); i++) untrack_dict(numbers[i]);
     return 0;
+}
+
+/* untrack_made(nfa): takes what the Python code made while the grammar compiled out of the
+ * collector's sight, once its IR is (`untrack_ir`): the NFA's waiting entries (node, arg, next)
+ * and its facts' entries for counted nodes, and their dicts where nothing else in them can be
+ * in a reference cycle. C untracks the entries it makes itself. */
+static PyObject *untrack_made(PyObject *self, PyObject *nfa) {
+    Ctx c;
+    if (ctx_load(&c, nfa) < 0) return NULL;
+    untrack_entries(c.todo);
+    untrack_entries(c.run_todo);
+    untrack_entries(c.counted);
+    Py_DECREF(c.parts);
+    Py_RETURN_NONE;
+}
+
+/* untracked(key) -> key, taken out of the collector's sight when it is a tuple of atoms
+ * (`untrack_atoms`), so that a dict keyed (or valued) by such tuples stays out of it too. */
+static PyObject *untracked(PyObject *self, PyObject *key) {
+    if (PyTuple_CheckExact(key)) untrack_atoms(key);
+    return Py_NewRef(key);
+}
+
+/* untrack_lists(*lists): takes lists that hold only ints, tuples of ints, None and numpy rows
+ * out of the collector's sight (`untrack`); a TypeError for anything but a list. */
+static PyObject *untrack_lists(PyObject *self, PyObject *args) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); i++)
+        if (!PyList_CheckExact(PyTuple_GET_ITEM(args, i))) {
+            PyErr_SetString(PyExc_TypeError, "untrack_lists takes lists");
+            return NULL;
+        }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); i++) untrack(PyTuple_GET_ITEM(args, i));
+    Py_RETURN_NONE;
 }
 
 /* obj.nbytes += n; 0, or -1 on error */
@@ -1313,8 +1370,6 @@ static int table_load(Table *d, PyObject *dfa) {
                               &d->states, &d->budget, &PyList_Type, &d->ints);
     Py_DECREF(parts); /* the DFA holds its parts */
     if (!ok || (limits = PyObject_GetAttr(d->budget, s_limits)) == NULL) return -1;
-    untrack(d->sets);
-    untrack(d->rows);
     untrack(d->ints);
     untrack_dict(d->by_targets);
     untrack_dict(d->ids);
@@ -1552,18 +1607,19 @@ static PyObject *byte_groups(PyObject *self, PyObject *args) {
     return out;
 }
 
-/* configure(Chars, Seq, Alt, Repeat, Dfa, sequences, max_nfa_states, state_bytes, edge_bytes,
- * entry_bytes, tuple_base, tuple_item): what the module reads of `regex_ir`, `nfa`, `states` and
- * `sys.getsizeof`. */
+/* configure(Chars, Seq, Alt, Repeat, Dfa, Ref, sequences, max_nfa_states, state_bytes,
+ * edge_bytes, entry_bytes, tuple_base, tuple_item): what the module reads of `regex_ir`, `nfa`,
+ * `states` and `sys.getsizeof`. */
 static PyObject *configure(PyObject *self, PyObject *args) {
-    PyObject *t[6];
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!Ollllll", &PyType_Type, &t[0], &PyType_Type, &t[1],
-                          &PyType_Type, &t[2], &PyType_Type, &t[3], &PyType_Type, &t[4], &t[5],
-                          &max_nfa_states, &state_bytes, &edge_bytes, &entry_bytes, &tuple_base,
-                          &tuple_item))
+    PyObject *t[7];
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!Ollllll", &PyType_Type, &t[0], &PyType_Type, &t[1],
+                          &PyType_Type, &t[2], &PyType_Type, &t[3], &PyType_Type, &t[4],
+                          &PyType_Type, &t[5], &t[6], &max_nfa_states, &state_bytes, &edge_bytes,
+                          &entry_bytes, &tuple_base, &tuple_item))
         return NULL;
-    PyObject **slot[] = {&chars_type, &seq_type, &alt_type, &repeat_type, &dfa_type, &sequences_fn};
-    for (int i = 0; i < 6; i++) Py_XSETREF(*slot[i], Py_NewRef(t[i]));
+    PyObject **slot[] = {&chars_type, &seq_type,  &alt_type,    &repeat_type,
+                         &dfa_type,   &ref_type,  &sequences_fn};
+    for (int i = 0; i < 7; i++) Py_XSETREF(*slot[i], Py_NewRef(t[i]));
     Py_RETURN_NONE;
 }
 
@@ -1635,6 +1691,9 @@ static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, "The IR classes, helpers and costs the rows use."},
     {"begin_walk", begin_walk, METH_VARARGS, "Set up the row callback of a trie walk."},
     {"untrack_ir", untrack_ir, METH_O, "Take a regex IR graph out of the collector's sight."},
+    {"untrack_made", untrack_made, METH_O, "Take an NFA's compile-time entries out of it."},
+    {"untrack_lists", untrack_lists, METH_VARARGS, "Take lists of atoms out of it."},
+    {"untracked", untracked, METH_O, "A tuple of atoms, out of the collector's sight."},
     {"end_walk", end_walk, METH_NOARGS, "End a trie walk: its callback's error or None."},
     {"closure", closure, METH_VARARGS, "LazyDFA.closure of a tuple of NFA states."},
     {"fill_row", fill_row, METH_VARARGS, "LazyDFA._compute_row into an int32[256] buffer."},

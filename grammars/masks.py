@@ -89,6 +89,10 @@ class WalkTable:
         self._reads_text = np.zeros(256, dtype=np.int8)  # per state: 0 unknown, 1 yes, 2 no
         self.native_text = TextStates()  # the native walk's own record of the same
 
+    def containers(self) -> list:
+        """The dicts this table alone holds (see `reaper`)."""
+        return [self._plain, self._text]
+
     @property
     def nbytes(self) -> int:
         dicts = (len(self._plain) + len(self._text)) * DICT_ENTRY_BYTES

@@ -59,6 +59,10 @@ class CompiledGrammar:
         """Estimated bytes held: automata, walk table, masks, forced text (grows with use)."""
         return self.budget.nbytes + self._walk.nbytes + self._cached_bytes
 
+    def containers(self) -> list:
+        """The lists and dicts this grammar and its automaton alone hold (see `reaper`)."""
+        return [self._masks, self._forced, *self._walk.containers(), *self.automaton.containers()]
+
     def matcher(self) -> GrammarMatcher:
         """A fresh matcher at the start of the grammar."""
         return GrammarMatcher(self)

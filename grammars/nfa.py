@@ -56,8 +56,8 @@ import numpy as np
 from .budget import GrammarBudget, GrammarBudgetExceeded
 from .native_rows import dfa_rows
 from .regex_facts import IrFacts
-from .regex_ir import Alt, Chars, Dfa, Ranges, Repeat, Seq, utf8_sequences
-from .states import DICT_ENTRY_BYTES, StateRows
+from .regex_ir import Alt, Chars, Dfa, Ranges, Ref, Repeat, Seq, utf8_sequences
+from .states import DICT_ENTRY_BYTES, StateRows, untracked
 
 MAX_NFA_STATES = 500_000
 _CHECK_EVERY = 256  # closure steps between clock checks
@@ -147,6 +147,10 @@ class NFA:
 
     def __len__(self) -> int:
         return len(self._eps)
+
+    def containers(self) -> list:
+        """The lists and dicts this NFA alone holds (see `reaper`)."""
+        return [*self._parts, *self.facts.containers()]
 
     def check(self) -> None:
         """The compile deadline while compiling, the budget's clock after."""
@@ -423,6 +427,27 @@ class NFA:
         return got
 
 
+def native_rows():
+    """The C rows (`native_rows.dfa_rows`) told what they read of the IR and the NFA (a
+    few references set again: cheap), or None."""
+    native = dfa_rows()
+    if native is not None:
+        native.configure(Chars, Seq, Alt, Repeat, Dfa, Ref, _sequences, MAX_NFA_STATES,
+                         _NFA_STATE_BYTES, _EDGE_BYTES, DICT_ENTRY_BYTES, *_TUPLE_BYTES)  # fmt: skip
+    return native
+
+
+def untrack_ir(*nodes) -> None:
+    """Take the IR graphs from `nodes` out of the cyclic collector's sight, where the C rows
+    are built: no reference cycle runs through IR (it is immutable and built from its leaves
+    up; a `Ref` names its rule), and IR a cached grammar or the sub-schema memo keeps would
+    otherwise be walked by every full collection."""
+    native = native_rows()
+    if native is not None:
+        for node in nodes:
+            native.untrack_ir(node)
+
+
 class LazyDFA:
     """Determinize an NFA on demand; states are ints, rows are int32[256] (-1 = dead).
 
@@ -439,22 +464,24 @@ class LazyDFA:
         self._tags: dict[int, tuple[int, ...]] = {}
         self.states = StateRows(self.budget, "NFA states")
         self.sets = self.states.sets
-        self._native = dfa_rows()  # the C twin of `closure`, `_compute_row` and what they make
-        if self._native is not None:
-            self._native.configure(Chars, Seq, Alt, Repeat, Dfa, _sequences, MAX_NFA_STATES,
-                                   _NFA_STATE_BYTES, _EDGE_BYTES, DICT_ENTRY_BYTES, *_TUPLE_BYTES)  # fmt: skip
+        self._native = native_rows()  # the C twin of `closure`, `_compute_row` and what they make
         self._ints: list[int] = []  # the C rows' int object of each DFA state number, shared
         # what the C rows read of this DFA, in one attribute
         self._parts = (self._by_targets, self.states._ids, self.sets, self.states._rows,
                        self.states, self.budget, self._ints)  # fmt: skip
 
-    def untrack_ir(self, node) -> None:
-        """Take the IR graph from `node` (which the NFA reads as it grows) out of the cyclic
-        collector's sight, where the C rows are built (no reference cycle runs through IR:
-        it is immutable and built from its leaves up); a cached grammar's IR is otherwise
-        walked by every full collection."""
+    def containers(self) -> list:
+        """The lists and dicts this DFA and its NFA alone hold (see `reaper`)."""
+        return [self._by_targets, self._tags, self._ints, *self.states.containers(),
+                *self.nfa.containers()]  # fmt: skip
+
+    def untrack_ir(self, *nodes) -> None:
+        """`untrack_ir` of the IR the NFA reads as it grows (`nodes`), then of what the NFA's
+        Python code made of it while the grammar compiled (its waiting states' entries), which
+        a cached grammar would otherwise keep in every full collection's sight."""
+        untrack_ir(*nodes)
         if self._native is not None:
-            self._native.untrack_ir(node)
+            self._native.untrack_made(self.nfa)
 
     def closure(self, states: tuple[int, ...]) -> tuple[int, ...]:
         """NFA states with byte edges or tags reachable from `states` by epsilon moves, less
@@ -556,7 +583,9 @@ class LazyDFA:
         got = self._tags.get(state)
         if got is None:
             tags = self.nfa.tags
-            got = self._tags[state] = tuple(tags[s] for s in self.sets[state] if s in tags)
+            got = self._tags[state] = untracked(
+                tuple(tags[s] for s in self.sets[state] if s in tags)
+            )
             self.budget.charge(sys.getsizeof(got) + DICT_ENTRY_BYTES)
         return got
 

@@ -57,6 +57,10 @@ class IrFacts:
         self._non_empty: dict[int, tuple[object, object]] = {}
         self._seen = 0  # nodes whose facts were computed here
 
+    def containers(self) -> list:
+        """The dicts these facts alone hold (see `reaper`)."""
+        return [self._facts, self._counted, self._non_empty]
+
     def dead(self, node) -> bool:
         return self._of(node)[0]
 

@@ -13,15 +13,28 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Collection, Hashable
+from typing import TypeVar
 
 import numpy as np
 
 from .budget import GrammarBudget
+from .native_rows import dfa_rows
 
 DICT_ENTRY_BYTES = 100  # a dict or set slot, its hash and key tuple, roughly
 ROW_BYTES = np.empty(256, dtype=np.int32).nbytes + sys.getsizeof(np.empty(0)) + 8
 POINTER_BYTES = 8
 _BLOCK_ROWS = 64  # rows per block, once the first blocks (4, 8, ...) are used up
+
+K = TypeVar("K")
+
+
+def untracked(key: K) -> K:
+    """`key`, out of the cyclic collector's sight when it is a tuple of atoms (ints, None,
+    strings and tuples of them): a dict stays out of it while every key and value put in it
+    is, and the collector would otherwise walk an automaton's dicts of states at every full
+    collection (it stops tracking such a tuple only once it has walked it)."""
+    native = dfa_rows()
+    return key if native is None else native.untracked(key)
 
 
 class StateRows:
@@ -34,6 +47,9 @@ class StateRows:
         self.sets: list[Collection[Hashable]] = []
         self._ids: dict[Collection[Hashable], int] = {}
         self._rows: list[np.ndarray | None] = []
+        native = dfa_rows()
+        if native is not None:  # tuples of ints and rows: no reference cycle runs through them
+            native.untrack_lists(self.sets, self._rows)
         self.pointers = np.zeros(64, dtype=np.int64)
         budget.charge(self.pointers.nbytes)
         self._block = np.empty((0, 256), dtype=np.int32)  # where the next rows go
@@ -43,6 +59,10 @@ class StateRows:
     def __len__(self) -> int:
         return len(self.sets)
 
+    def containers(self) -> list:
+        """The lists and dict these states alone hold (see `reaper`)."""
+        return [self.sets, self._ids, self._rows]
+
     def intern(self, key: Collection[Hashable]) -> int:
         """The id of state `key`, new ones within the budget."""
         got = self._ids.get(key)
@@ -50,7 +70,7 @@ class StateRows:
             self.budget.check("max_state_size", len(key), f"{self.elements} in one state")
             self.budget.check("max_states", len(self.sets) + 1, "automaton states")
             self.budget.charge(sys.getsizeof(key) + 2 * DICT_ENTRY_BYTES)
-            got = self._ids[key] = len(self.sets)
+            got = self._ids[untracked(key)] = len(self.sets)
             self.sets.append(key)
             self._rows.append(None)
             if got == self.pointers.shape[0]:

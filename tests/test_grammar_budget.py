@@ -9,6 +9,7 @@ and `flush_cache` lets them be collected.
 from __future__ import annotations
 
 import gc
+import threading
 import time
 import weakref
 
@@ -18,6 +19,7 @@ from tiny_models import make_tiny_model_dir, tiny_tokenizer
 
 import radixflow as rf
 from radixflow.grammars import GrammarBudgetExceeded, GrammarCompiler, GrammarLimits
+from radixflow.grammars.reaper import reaper
 
 # DFA states of thousands of NFA states: counts of nested repeats that no smaller count
 # subsumes (((a{0,40}){0,40}){0,40}, once the example here, now stays small: see nfa.prune).
@@ -141,6 +143,7 @@ def test_cache_holds_its_bytes_least_recently_used_out(tok):
     del first
     compiler.compile_regex("b")  # ... so every insert or lookup checks the total again
     assert compiler.cache_nbytes <= budget
+    reaper.wait()  # evicted grammars are freed on the reaper's thread
     gc.collect()
     assert first_ref() is None  # dropped, and nothing else holds it
     refs = []
@@ -152,22 +155,27 @@ def test_cache_holds_its_bytes_least_recently_used_out(tok):
         del grammar
     compiler.compile_regex("b")
     assert compiler.cache_nbytes <= budget
+    reaper.wait()
     gc.collect()
     assert refs[0]() is None  # least recently used out first
     assert refs[-1]() is not None
     assert compiler.cache_len < len(refs)
 
 
-def test_an_evicted_grammar_is_freed_outside_the_cache_lock(tok):
-    """Freeing a walked grammar takes milliseconds; other threads' cache lookups do not wait."""
+def test_an_evicted_grammar_is_freed_outside_the_cache_lock_and_the_compile(tok):
+    """Freeing a walked grammar takes milliseconds: the reaper's thread frees it, so neither
+    other threads' cache lookups nor the compile that evicted it wait."""
     compiler = GrammarCompiler(tok, cache_mb=0.5)
     first = compiler.compile_regex("[ab]{0,300}")
     _walk_a(first.matcher(), 300)  # past the cache's bytes
-    lock_held = []
-    weakref.finalize(first, lambda: lock_held.append(compiler._lock.locked()))
+    freed = []
+    weakref.finalize(
+        first, lambda: freed.append((compiler._lock.locked(), threading.current_thread().name))
+    )
     del first
     compiler.compile_regex("b")
-    assert lock_held == [False]
+    reaper.wait()
+    assert freed == [(False, "radixflow-grammar-reaper")]
 
 
 def test_flush_cache_empties_the_grammar_cache(engine):
@@ -177,6 +185,7 @@ def test_flush_cache_empties_the_grammar_cache(engine):
     assert compiler.cache_len > 0 and compiler.cache_nbytes > 0
     engine.flush_cache()
     assert compiler.cache_len == 0 and compiler.cache_nbytes == 0
+    reaper.wait()
     gc.collect()
     assert used() is None
     out = engine.generate(NORMAL_PROMPT, NORMAL)

@@ -8,13 +8,17 @@ import weakref
 
 import numpy as np
 import pytest
+from tiny_models import tiny_tokenizer
 
-from radixflow.grammars import native_build, native_rows, nfa
+from radixflow.grammars import GrammarCompiler, native_build, native_rows, nfa
 from radixflow.grammars.automaton import RegexAutomaton
 from radixflow.grammars.budget import GrammarBudgetExceeded, GrammarLimits
+from radixflow.grammars.cfg import GrammarAutomaton
 from radixflow.grammars.json_schema import schema_to_ir
+from radixflow.grammars.json_schema_memo import shared_memo
 from radixflow.grammars.json_schema_resolve import canonical_schema
 from radixflow.grammars.nfa import Deadline
+from radixflow.grammars.regex_ir import Alt, Ref, Repeat, Seq
 from radixflow.grammars.regex_parse import parse_regex
 
 
@@ -166,8 +170,9 @@ def test_the_ir_a_grammar_reads_is_left_out_of_the_cyclic_collector_and_still_fr
         len(nodes),
         sum(map(gc.is_tracked, nodes)),
         sum(gc.is_tracked(n.items) for n in nodes if hasattr(n, "items")),
+        sum(gc.is_tracked(n.__dict__) for n in nodes if isinstance(n, (Seq, Alt, Repeat))),
     )
-    assert counts[0] > 20 and counts[1:] == (0, 0)
+    assert counts[0] > 20 and counts[1:] == (0, 0, 0)
     nfa = automaton.dfa.nfa
     waiting = [*nfa._todo.values(), *nfa._run_todo.values()]
     counts = (len(waiting), sum(map(gc.is_tracked, waiting)))
@@ -176,6 +181,58 @@ def test_the_ir_a_grammar_reads_is_left_out_of_the_cyclic_collector_and_still_fr
     del automaton, ir, nodes, nfa, waiting
     gc.collect()
     assert gone() is None
+
+
+RECURSIVE = {
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+            },
+            "required": ["name"],
+        }
+    },
+    "$ref": "#/$defs/node",
+}
+
+
+def test_a_recursive_grammar_stays_out_of_the_cyclic_collector(native):
+    """A recursive schema's rules (IR with `Ref`s, which the sub-schema memo keeps), its
+    parser states, their rows and the dicts that find them stay out of the collector's sight
+    as masks walk the grammar, so that full collections do not walk a cache of them."""
+    gc.disable()  # a full collection would untrack the dicts itself
+    try:
+        grammar = GrammarCompiler(tiny_tokenizer()).compile_json_schema(RECURSIVE)
+        matcher = grammar.matcher()
+        for b in b'{"name":"a","kids":[{"name":"b","kids":[]}]}':
+            matcher.next_token_mask()
+            assert matcher.accept(grammar.index.token_bytes.index(bytes([b])))
+        automaton = grammar.automaton
+        assert isinstance(automaton, GrammarAutomaton)
+        states = automaton.states
+        kept = [
+            states.sets,
+            states._rows,
+            states._ids,
+            automaton._expand,
+            automaton.parser._interned,
+        ]
+        assert [len(c) > 3 for c in kept] == [True] * 5
+        assert [gc.is_tracked(c) for c in kept] == [False] * 5
+        gc.collect(0)  # the young collection that stops tracking tuples of ints, not lists
+        rules = automaton.parser.by_lhs
+        assert rules and not any(map(gc.is_tracked, rules.values()))
+        _ir, defs = schema_to_ir(
+            canonical_schema(RECURSIVE), None, Deadline(None), memo=shared_memo()
+        )
+        nodes = [n for node in defs.values() for n in _ir_nodes(node)]
+        refs = [r for n in nodes for r in getattr(n, "items", ()) if isinstance(r, Ref)]
+        assert refs and len(nodes) > 20  # the memo's IR, the compile's own
+        assert sum(map(gc.is_tracked, nodes + refs)) == 0
+    finally:
+        gc.enable()
 
 
 def test_byte_groups_in_c_match_numpy_unique(native, monkeypatch):

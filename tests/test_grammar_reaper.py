@@ -1,0 +1,127 @@
+"""Evicted grammars are freed on the reaper's thread, a slice at a time, and only where nothing
+else holds them: a matcher or a caller keeping a grammar's automaton keeps it whole and
+working."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+import pytest
+from tiny_models import tiny_tokenizer
+
+import radixflow.grammars.reaper as reaper_module
+from radixflow.grammars import GrammarCompiler
+from radixflow.grammars.reaper import Reaper, reaper
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "integer"}},
+    },
+    "required": ["name"],
+}
+TEXT = '{"name":"ab","tags":[1,22,333]}'
+
+
+def _walk(matcher, text: str) -> list[np.ndarray]:
+    """The masks along `text`'s tokens, each token accepted after its mask."""
+    tok = matcher.grammar.index
+    masks = []
+    for token in _tokens(tok, text):
+        masks.append(matcher.next_token_mask().copy())
+        assert matcher.accept(token)
+    return masks
+
+
+def _tokens(index, text: str) -> list[int]:
+    """`text` as single-byte tokens of the index's vocabulary."""
+    return [index.token_bytes.index(bytes([b])) for b in text.encode()]
+
+
+def test_an_evicted_walked_grammar_is_taken_apart_on_the_reapers_thread(tok):
+    compiler = GrammarCompiler(tok)
+    grammar = compiler.compile_json_schema(SCHEMA)
+    _walk(grammar.matcher(), TEXT)
+    nfa = grammar.automaton.dfa.nfa
+    parts = [nfa._eps, nfa._ids, grammar.automaton.dfa.states._rows, grammar._masks]
+    assert all(len(p) > 0 for p in parts)
+    freed_on = []
+    weakref.finalize(grammar, lambda: freed_on.append(threading.current_thread().name))
+    del grammar, nfa
+    compiler.clear_cache()
+    reaper.wait()
+    assert freed_on == ["radixflow-grammar-reaper"]
+    assert [len(p) for p in parts] == [0, 0, 0, 0]  # emptied in slices before it was freed
+
+
+def test_a_grammar_a_matcher_holds_stays_whole_and_working(tok):
+    compiler = GrammarCompiler(tok)
+    grammar = compiler.compile_json_schema(SCHEMA)
+    matcher = grammar.matcher()
+    half = len(TEXT) // 2
+    first = _walk(matcher, TEXT[:half])
+    gone = weakref.ref(grammar)
+    del grammar
+    compiler.clear_cache()
+    reaper.wait()
+    assert gone() is not None  # the matcher holds it
+    rest = _walk(matcher, TEXT[half:])
+    fresh = _walk(GrammarCompiler(tok).compile_json_schema(SCHEMA).matcher(), TEXT)
+    assert all(np.array_equal(a, b) for a, b in zip(first + rest, fresh, strict=True))
+    del matcher
+    assert gone() is None  # freed when its last holder let go
+
+
+def test_an_automaton_held_without_its_grammar_stays_whole(tok):
+    compiler = GrammarCompiler(tok)
+    grammar = compiler.compile_json_schema(SCHEMA)
+    _walk(grammar.matcher(), TEXT)
+    automaton = grammar.automaton
+    rows = [automaton.row(s).copy() for s in range(len(automaton.dfa.sets))]
+    del grammar
+    compiler.clear_cache()
+    reaper.wait()
+    assert len(automaton.dfa.nfa._eps) > 0
+    assert all(np.array_equal(automaton.row(s), r) for s, r in enumerate(rows))
+
+
+class _Held:
+    """Stands in for a grammar: an automaton named twice, as a grammar and its walk table do,
+    and containers that block the reaper until `release` is set."""
+
+    def __init__(self, release: threading.Event | None = None):
+        self.automaton = object()
+        self._walk_automaton = self.automaton
+        self.release = release
+
+    def containers(self) -> list:
+        if self.release is not None:
+            self.release.wait(timeout=30)
+        return [list(range(1000)), dict.fromkeys(range(1000))]
+
+
+def test_grammars_past_the_bound_are_freed_by_the_thread_that_drops_them(monkeypatch):
+    monkeypatch.setattr(reaper_module, "MAX_WAITING", 4)
+    own = Reaper()
+    release = threading.Event()
+    own.drop([_Held(release)])  # keeps the reaper's thread busy
+    freed_on = []
+    late = [_Held() for _ in range(7)]
+    for held in late:
+        weakref.finalize(held, lambda: freed_on.append(threading.current_thread().name))
+    del held
+    own.drop(late)
+    assert late == []  # the reaper took them
+    assert freed_on == [threading.current_thread().name] * 3  # 7 past a bound of 4
+    release.set()
+    own.wait()
+    assert freed_on[3:] == ["radixflow-grammar-reaper"] * 4
