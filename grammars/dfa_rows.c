@@ -1628,6 +1628,7 @@ static PyObject *configure(PyObject *self, PyObject *args) {
 /* The running walk's automaton, its rows' addresses (held while the walk reads them) and the
  * first error of a callback; per thread, since walks run without the GIL. */
 static _Thread_local PyObject *walk_automaton, *walk_rows, *walk_error;
+static long walks_running; /* begun, not ended, on any thread (changed with the GIL held) */
 
 /* trie_walk.c's `fill`: computes `state`'s row (`automaton.row(state)`) and returns the rows'
  * addresses as they are now (`automaton.row_pointers()`) with their number in `*num_rows`,
@@ -1674,18 +1675,23 @@ static PyObject *begin_walk(PyObject *self, PyObject *args) {
     Py_XSETREF(walk_automaton, Py_NewRef(automaton));
     Py_XSETREF(walk_rows, Py_NewRef(rows));
     Py_CLEAR(walk_error);
+    walks_running++;
     return PyLong_FromVoidPtr((void *)walk_fill);
 }
 
 /* end_walk() -> the first error a callback of this thread's walk met, or None; lets go of the
  * walk's automaton and rows. */
 static PyObject *end_walk(PyObject *self, PyObject *unused) {
+    if (walk_automaton != NULL) walks_running--;
     Py_CLEAR(walk_automaton);
     Py_CLEAR(walk_rows);
     PyObject *error = walk_error;
     walk_error = NULL;
     return error != NULL ? error : Py_NewRef(Py_None);
 }
+
+/* walks_running() -> the number of trie walks begun and not yet ended, on all threads. */
+static PyObject *walks(PyObject *self, PyObject *unused) { return PyLong_FromLong(walks_running); }
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, "The IR classes, helpers and costs the rows use."},
@@ -1695,6 +1701,7 @@ static PyMethodDef methods[] = {
     {"untrack_lists", untrack_lists, METH_VARARGS, "Take lists of atoms out of it."},
     {"untracked", untracked, METH_O, "A tuple of atoms, out of the collector's sight."},
     {"end_walk", end_walk, METH_NOARGS, "End a trie walk: its callback's error or None."},
+    {"walks_running", walks, METH_NOARGS, "Trie walks begun and not yet ended."},
     {"closure", closure, METH_VARARGS, "LazyDFA.closure of a tuple of NFA states."},
     {"fill_row", fill_row, METH_VARARGS, "LazyDFA._compute_row into an int32[256] buffer."},
     {"byte_groups", byte_groups, METH_VARARGS, "LazyDFA.byte_groups of an int32[256] row."},

@@ -5,8 +5,12 @@ NFA's packed lists, its DFA states and rows, its Earley chart), and freeing it i
 the GIL for milliseconds (13 ms for one walked Github_hard grammar here): inside the compile
 whose insertion evicted it, and stalling every other thread meanwhile. The reaper's thread takes
 such a grammar apart instead: the lists and dicts it alone holds (`CompiledGrammar.containers`)
-are emptied `SLICE` items at a time, letting go of the GIL in between, and the rest is freed
-once they are empty. A grammar that something else still holds (a matcher) is only let go of,
+are emptied `SLICE` items at a time, letting go of the GIL in between and pausing while a
+mask's trie walk runs (the walk runs without the GIL, but its row callbacks take it: each
+would wait for a slice), and the rest is freed once they are empty. It runs while the CPU is
+otherwise idle or busy without the GIL (waiting for the GPU, in torch ops, in the tokenizer);
+with no such time, the compile that the GIL's switch interval interrupts lends it a slice
+every few milliseconds. A grammar that something else still holds (a matcher) is only let go of,
 and freed when its last holder lets go. Past `MAX_WAITING` waiting grammars, the thread that
 drops more frees the oldest itself, so that memory stays bounded.
 """
@@ -19,8 +23,17 @@ import threading
 import time
 from collections import deque
 
+from .native_rows import dfa_rows
+
 SLICE = 256  # items freed per hold of the GIL
 MAX_WAITING = 16  # grammars waiting past this are freed by the thread that drops more
+PAUSE_S = 0.0002  # between looks at whether a walk still runs
+
+
+def walks_running() -> int:
+    """Trie walks in progress on any thread (none counted without the C rows)."""
+    native = dfa_rows()
+    return 0 if native is None else native.walks_running()
 
 
 def _refs(obj: object) -> int:
@@ -57,6 +70,8 @@ def _take_apart(grammar) -> None:
                 for _ in range(min(SLICE, len(box))):
                     box.popitem()
             time.sleep(0)  # lets go of the GIL: a waiting thread runs next
+            while walks_running():  # a walk's row callbacks would wait for each slice
+                time.sleep(PAUSE_S)
 
 
 class Reaper:

@@ -125,3 +125,31 @@ def test_grammars_past_the_bound_are_freed_by_the_thread_that_drops_them(monkeyp
     release.set()
     own.wait()
     assert freed_on[3:] == ["radixflow-grammar-reaper"] * 4
+
+
+def test_walks_in_progress_are_counted_for_the_reaper(tok):
+    """The reaper pauses while a trie walk runs: a walk counts itself from its start to its
+    end, row callbacks included, and not after (an error in a row callback included)."""
+    if reaper_module.dfa_rows() is None:
+        pytest.skip("walks are counted by the native rows, not built here")
+    grammar = GrammarCompiler(tok).compile_json_schema(SCHEMA)
+    automaton = grammar.automaton
+    seen = []
+
+    def row(state):
+        seen.append(reaper_module.walks_running())
+        return type(automaton).row(automaton, state)
+
+    automaton.row = row
+    grammar.matcher().next_token_mask()
+    assert seen and set(seen) == {1}
+    assert reaper_module.walks_running() == 0
+
+    def failing_row(state):
+        raise RuntimeError("row callback failed")
+
+    failing = GrammarCompiler(tok).compile_json_schema({"type": "array"})
+    failing.automaton.row = failing_row
+    with pytest.raises(RuntimeError, match="row callback failed"):
+        failing.matcher().next_token_mask()
+    assert reaper_module.walks_running() == 0
