@@ -31,6 +31,11 @@ class ByteAutomaton(Protocol):
 
     def containers(self) -> list: ...
 
+    @property
+    def native_dfa(self) -> LazyDFA | None:
+        """The DFA whose rows are this automaton's, where C computes them: the C trie walk
+        then makes a missing row itself instead of calling `row`."""
+
 
 class RegexAutomaton:
     """Lazy DFA over the bytes of the strings a regex IR matches (its NFA is lazy too)."""
@@ -58,6 +63,10 @@ class RegexAutomaton:
 
     def containers(self) -> list:
         return self.dfa.containers()
+
+    @property
+    def native_dfa(self) -> LazyDFA | None:
+        return self.dfa if self.dfa.computes_in_c else None
 
     def is_accepting(self, state: int) -> bool:
         return self._final in self.dfa.sets[state]

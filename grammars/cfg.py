@@ -467,6 +467,10 @@ class GrammarAutomaton:
     def row_pointers(self) -> np.ndarray:
         return self.states.pointers
 
+    @property
+    def native_dfa(self) -> None:
+        return None  # its rows are the parser's, made by `_compute_row`
+
     def containers(self) -> list:
         return [self._expand, self._groups, self._lex_start, *self.states.containers(),
                 *self.parser.containers(), *self.lexer.containers()]  # fmt: skip

@@ -16,6 +16,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <limits.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,13 +27,15 @@
 /* Set once by `configure`: the IR classes, `nfa._sequences`, the byte costs and the limit. */
 static PyObject *chars_type, *seq_type, *alt_type, *repeat_type, *dfa_type, *ref_type,
     *sequences_fn;
-static long max_nfa_states, state_bytes, edge_bytes, entry_bytes;
+static long max_nfa_states, state_bytes, edge_bytes, entry_bytes, row_bytes;
 static long tuple_base, tuple_item; /* sys.getsizeof of a tuple: base + item * length */
 static PyObject *empty, *zero; /* b"" (no moves or edges) and 0 */
+static PyObject *perf_counter; /* time.perf_counter, the budget's clock */
 static PyObject *s_items, *s_item, *s_ranges, *s_facts, *s_tail, *s_parts, *s_charge, *s_nbytes,
     *s_new_state, *s_add, *s_check, *s_dead, *s_intern, *s_counted, *s_body_ir, *s_live, *s_hi,
     *s_lo, *s_table, *s_start, *s_accepting, *s_moves, *s_shortest, *s_longest, *s_row,
-    *s_row_pointers, *s_limits, *s_max_states, *s_max_state_size, *s_pointers;
+    *s_row_pointers, *s_limits, *s_max_states, *s_max_state_size, *s_pointers, *s_states, *s_nfa,
+    *s_block, *s_next, *s_new_block, *s_check_time, *s_end, *s_cap;
 
 typedef struct {
     long lo, hi, t;
@@ -489,11 +492,22 @@ static int ctx_count(Ctx *c, PyObject *budget) {
     return all ? add_bytes(budget, all) : 0;
 }
 
+/* `obj.name` as a double; -1 with an error set (a value of -1.0 is told apart by the error) */
+static int double_attr(PyObject *obj, PyObject *name, double *out) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    *out = v == NULL ? -1.0 : PyFloat_AsDouble(v);
+    Py_XDECREF(v);
+    return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
 /* Count what was built, then raise the budget's error if that passed its bytes (the Python
  * code charges before it builds; C builds a call's states, then charges them). */
 static int ctx_flush(Ctx *c, PyObject *budget) {
     if (c->nfa_bytes == 0 && c->table_bytes == 0) return 0;
     if (ctx_count(c, budget) < 0) return -1;
+    double held, cap;
+    if (double_attr(budget, s_nbytes, &held) < 0 || double_attr(budget, s_cap, &cap) < 0) return -1;
+    if (held <= cap) return 0; /* within its bytes: no error to raise */
     PyObject *r = call_long(budget, s_charge, 0);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
@@ -1608,14 +1622,14 @@ static PyObject *byte_groups(PyObject *self, PyObject *args) {
 }
 
 /* configure(Chars, Seq, Alt, Repeat, Dfa, Ref, sequences, max_nfa_states, state_bytes,
- * edge_bytes, entry_bytes, tuple_base, tuple_item): what the module reads of `regex_ir`, `nfa`,
- * `states` and `sys.getsizeof`. */
+ * edge_bytes, entry_bytes, tuple_base, tuple_item, row_bytes): what the module reads of
+ * `regex_ir`, `nfa`, `states` and `sys.getsizeof`. */
 static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *t[7];
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!Ollllll", &PyType_Type, &t[0], &PyType_Type, &t[1],
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!Olllllll", &PyType_Type, &t[0], &PyType_Type, &t[1],
                           &PyType_Type, &t[2], &PyType_Type, &t[3], &PyType_Type, &t[4],
                           &PyType_Type, &t[5], &t[6], &max_nfa_states, &state_bytes, &edge_bytes,
-                          &entry_bytes, &tuple_base, &tuple_item))
+                          &entry_bytes, &tuple_base, &tuple_item, &row_bytes))
         return NULL;
     PyObject **slot[] = {&chars_type, &seq_type,  &alt_type,    &repeat_type,
                          &dfa_type,   &ref_type,  &sequences_fn};
@@ -1625,22 +1639,114 @@ static PyObject *configure(PyObject *self, PyObject *args) {
 
 /* ---- the trie walk's row callback (`native_walk`) ---- */
 
-/* The running walk's automaton, its rows' addresses (held while the walk reads them) and the
- * first error of a callback; per thread, since walks run without the GIL. */
-static _Thread_local PyObject *walk_automaton, *walk_rows, *walk_error;
+/* `budget.check_time()`, its Python method called only when the clock is past the running
+ * call's end (to raise its error): 0, or -1 with the error set. */
+static int check_time(PyObject *budget) {
+    double end, now;
+    if (double_attr(budget, s_end, &end) < 0) return -1;
+    if (isinf(end)) return 0; /* no call is timed */
+    PyObject *t = PyObject_CallNoArgs(perf_counter);
+    now = t == NULL ? -1.0 : PyFloat_AsDouble(t);
+    Py_XDECREF(t);
+    if (now == -1.0 && PyErr_Occurred()) return -1;
+    if (now <= end) return 0;
+    PyObject *r = PyObject_CallMethodNoArgs(budget, s_check_time);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* `StateRows.row` of `state` with `LazyDFA._compute_row` (`fill_row`) of `dfa`, the steps of
+ * both without their Python frames, for the trie walk of a regex automaton: the clock checked,
+ * the row written into the next free row of the states' block (a new block from
+ * `StateRows._new_block` when it is full; the row is taken before it is written, as there), the
+ * row's bytes charged, (block, index) kept in `_rows` for `StateRows.row` to view, and its
+ * address put in `pointers`. 0, or -1 with the error set. */
+static int dfa_row(PyObject *dfa, long state) {
+    PyObject *states = PyObject_GetAttr(dfa, s_states), *nfa = NULL, *block = NULL, *r = NULL;
+    Py_buffer rows = {0}, pointers = {0};
+    int ok = -1;
+    Table d;
+    Ctx c;
+    if (states == NULL || (nfa = PyObject_GetAttr(dfa, s_nfa)) == NULL || table_load(&d, dfa) < 0)
+        goto done;
+    PyObject *set = PyList_GetItem(d.sets, state); /* borrowed */
+    if (set == NULL || !PyTuple_Check(set)) {
+        if (set != NULL) PyErr_SetString(PyExc_TypeError, "dfa_rows: a DFA state is not a tuple");
+        goto done;
+    }
+    if (check_time(d.budget) < 0) goto done;
+    long next;
+    int none;
+    if (long_attr(states, s_next, &next, &none) < 0 || (block = PyObject_GetAttr(states, s_block)) == NULL ||
+        PyObject_GetBuffer(block, &rows, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    if (next == rows.len / (Py_ssize_t)(256 * sizeof(int32_t))) { /* full: the next block */
+        PyBuffer_Release(&rows);
+        Py_CLEAR(block);
+        if ((r = PyObject_CallMethodNoArgs(states, s_new_block)) == NULL ||
+            (block = PyObject_GetAttr(states, s_block)) == NULL ||
+            PyObject_GetBuffer(block, &rows, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        next = 0;
+    }
+    if ((r = PyLong_FromLong(next + 1)) == NULL || PyObject_SetAttr(states, s_next, r) < 0) goto done;
+    Py_CLEAR(r);
+    int32_t *row = (int32_t *)rows.buf + 256 * next;
+    if (ctx_load(&c, nfa) < 0) goto done;
+    PyObject *filled = c_fill_row(&c, &d, set, row) == 0 ? Py_NewRef(Py_None) : NULL;
+    if (filled != NULL) c.table_bytes += row_bytes;
+    if ((filled = ctx_done(&c, d.budget, filled)) == NULL) goto done;
+    Py_DECREF(filled);
+    PyObject *where = Py_BuildValue("(Ol)", block, next), *p = NULL;
+    if (where == NULL) goto done;
+    untrack_atoms(where); /* an array and an int: no reference cycle runs through it */
+    if (PyList_SetItem(d.rows, state, where) < 0 || (p = PyObject_GetAttr(states, s_pointers)) == NULL ||
+        PyObject_GetBuffer(p, &pointers, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        Py_XDECREF(p);
+        goto done;
+    }
+    Py_DECREF(p); /* the states hold it */
+    if (pointers.len < (Py_ssize_t)((state + 1) * sizeof(int64_t))) {
+        PyErr_SetString(PyExc_IndexError, "dfa_rows: a state past the rows' addresses");
+        goto done;
+    }
+    ((int64_t *)pointers.buf)[state] = (int64_t)(intptr_t)row;
+    ok = 0;
+done:
+    if (rows.obj != NULL) PyBuffer_Release(&rows);
+    if (pointers.obj != NULL) PyBuffer_Release(&pointers);
+    Py_XDECREF(r);
+    Py_XDECREF(block);
+    Py_XDECREF(nfa);
+    Py_XDECREF(states);
+    return ok;
+}
+
+/* The running walk's automaton (and its DFA when the walk makes its rows here, `dfa_row`), its
+ * rows' addresses (held while the walk reads them) and the first error of a callback; per
+ * thread, since walks run without the GIL. */
+static _Thread_local PyObject *walk_automaton, *walk_dfa, *walk_rows, *walk_error;
 static long walks_running; /* begun, not ended, on any thread (changed with the GIL held) */
 
-/* trie_walk.c's `fill`: computes `state`'s row (`automaton.row(state)`) and returns the rows'
- * addresses as they are now (`automaton.row_pointers()`) with their number in `*num_rows`,
- * or 0 with the error kept for `end_walk`. Called without the GIL, as ctypes calls the walk. */
+/* trie_walk.c's `fill`: computes `state`'s row (`dfa_row`, else `automaton.row(state)`) and
+ * returns the rows' addresses as they are now (`automaton.row_pointers()`) with their number
+ * in `*num_rows`, or 0 with the error kept for `end_walk`. Called without the GIL, as ctypes
+ * calls the walk. */
 static int64_t walk_fill(int32_t state, int64_t *num_rows) {
     PyGILState_STATE gil = PyGILState_Ensure();
     int64_t out = 0;
-    PyObject *s = PyLong_FromLong(state), *r = NULL, *rows = NULL;
-    if (s != NULL) r = PyObject_CallMethodOneArg(walk_automaton, s_row, s);
-    if (r != NULL) rows = PyObject_CallMethodNoArgs(walk_automaton, s_row_pointers);
-    Py_XDECREF(s);
-    Py_XDECREF(r);
+    PyObject *rows = NULL;
+    if (walk_dfa != NULL) {
+        PyObject *states = dfa_row(walk_dfa, state) < 0 ? NULL : PyObject_GetAttr(walk_dfa, s_states);
+        if (states != NULL) rows = PyObject_GetAttr(states, s_pointers);
+        Py_XDECREF(states);
+    } else {
+        PyObject *s = PyLong_FromLong(state), *r = NULL;
+        if (s != NULL) r = PyObject_CallMethodOneArg(walk_automaton, s_row, s);
+        if (r != NULL) rows = PyObject_CallMethodNoArgs(walk_automaton, s_row_pointers);
+        Py_XDECREF(s);
+        Py_XDECREF(r);
+    }
     Py_buffer buf;
     if (rows != NULL && PyObject_GetBuffer(rows, &buf, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
         if (buf.itemsize == 8 && buf.format != NULL && (buf.format[0] == 'q' || buf.format[0] == 'l')) {
@@ -1667,12 +1773,15 @@ static int64_t walk_fill(int32_t state, int64_t *num_rows) {
     return out;
 }
 
-/* begin_walk(automaton, rows) -> the address of `walk_fill`: the walk about to run on this
- * thread reads `rows` (automaton.row_pointers()) and calls back for the rows it lacks. */
+/* begin_walk(automaton, rows, dfa) -> the address of `walk_fill`: the walk about to run on
+ * this thread reads `rows` (automaton.row_pointers()) and calls back for the rows it lacks,
+ * which `dfa_row` makes when `dfa` (the automaton's LazyDFA, whose rows are its own) is not
+ * None. */
 static PyObject *begin_walk(PyObject *self, PyObject *args) {
-    PyObject *automaton, *rows;
-    if (!PyArg_ParseTuple(args, "OO", &automaton, &rows)) return NULL;
+    PyObject *automaton, *rows, *dfa;
+    if (!PyArg_ParseTuple(args, "OOO", &automaton, &rows, &dfa)) return NULL;
     Py_XSETREF(walk_automaton, Py_NewRef(automaton));
+    Py_XSETREF(walk_dfa, dfa == Py_None ? NULL : Py_NewRef(dfa));
     Py_XSETREF(walk_rows, Py_NewRef(rows));
     Py_CLEAR(walk_error);
     walks_running++;
@@ -1684,6 +1793,7 @@ static PyObject *begin_walk(PyObject *self, PyObject *args) {
 static PyObject *end_walk(PyObject *self, PyObject *unused) {
     if (walk_automaton != NULL) walks_running--;
     Py_CLEAR(walk_automaton);
+    Py_CLEAR(walk_dfa);
     Py_CLEAR(walk_rows);
     PyObject *error = walk_error;
     walk_error = NULL;
@@ -1716,15 +1826,21 @@ PyMODINIT_FUNC PyInit_dfa_rows(void) {
                            "check", "dead", "intern", "counted", "_body_ir", "live", "hi",
                            "lo", "table", "start", "accepting", "moves", "shortest", "longest",
                            "row", "row_pointers", "limits", "max_states", "max_state_size",
-                           "pointers"};
+                           "pointers", "states", "nfa", "_block", "_next", "_new_block",
+                           "check_time", "_end", "_cap"};
     PyObject **slots[] = {&s_items, &s_item, &s_ranges, &s_facts, &s_tail, &s_parts,
                           &s_charge, &s_nbytes, &s_new_state, &s_add, &s_check, &s_dead, &s_intern, &s_counted,
                           &s_body_ir, &s_live, &s_hi, &s_lo, &s_table, &s_start,
                           &s_accepting, &s_moves, &s_shortest, &s_longest, &s_row,
                           &s_row_pointers, &s_limits, &s_max_states, &s_max_state_size,
-                          &s_pointers};
+                          &s_pointers, &s_states, &s_nfa, &s_block, &s_next, &s_new_block,
+                          &s_check_time, &s_end, &s_cap};
     for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++)
         if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
     if (!(empty = PyBytes_FromStringAndSize(NULL, 0)) || !(zero = PyLong_FromLong(0))) return NULL;
+    PyObject *time = PyImport_ImportModule("time");
+    perf_counter = time == NULL ? NULL : PyObject_GetAttrString(time, "perf_counter");
+    Py_XDECREF(time);
+    if (perf_counter == NULL) return NULL;
     return PyModule_Create(&module);
 }

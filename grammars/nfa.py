@@ -57,7 +57,7 @@ from .budget import GrammarBudget, GrammarBudgetExceeded
 from .native_rows import dfa_rows
 from .regex_facts import IrFacts
 from .regex_ir import Alt, Chars, Dfa, Ranges, Ref, Repeat, Seq, utf8_sequences
-from .states import DICT_ENTRY_BYTES, StateRows, untracked
+from .states import DICT_ENTRY_BYTES, ROW_BYTES, StateRows, untracked
 
 MAX_NFA_STATES = 500_000
 _CHECK_EVERY = 256  # closure steps between clock checks
@@ -433,7 +433,7 @@ def native_rows():
     native = dfa_rows()
     if native is not None:
         native.configure(Chars, Seq, Alt, Repeat, Dfa, Ref, _sequences, MAX_NFA_STATES,
-                         _NFA_STATE_BYTES, _EDGE_BYTES, DICT_ENTRY_BYTES, *_TUPLE_BYTES)  # fmt: skip
+                         _NFA_STATE_BYTES, _EDGE_BYTES, DICT_ENTRY_BYTES, *_TUPLE_BYTES, ROW_BYTES)  # fmt: skip
     return native
 
 
@@ -469,6 +469,11 @@ class LazyDFA:
         # what the C rows read of this DFA, in one attribute
         self._parts = (self._by_targets, self.states._ids, self.sets, self.states._rows,
                        self.states, self.budget, self._ints)  # fmt: skip
+
+    @property
+    def computes_in_c(self) -> bool:
+        """Whether the C rows (`dfa_rows.c`) compute this DFA's rows."""
+        return self._native is not None
 
     def containers(self) -> list:
         """The lists and dicts this DFA and its NFA alone hold (see `reaper`)."""

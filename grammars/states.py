@@ -46,7 +46,8 @@ class StateRows:
         self.elements = elements  # what a state is a set of, for budget messages
         self.sets: list[Collection[Hashable]] = []
         self._ids: dict[Collection[Hashable], int] = {}
-        self._rows: list[np.ndarray | None] = []
+        # None until computed; (block, index) as the C trie walk leaves it, viewed on first read
+        self._rows: list[np.ndarray | tuple[np.ndarray, int] | None] = []
         native = dfa_rows()
         if native is not None:  # tuples of ints and rows: no reference cycle runs through them
             native.untrack_lists(self.sets, self._rows)
@@ -85,9 +86,7 @@ class StateRows:
         if got is None:
             self.budget.check_time()
             if self._next == self._block.shape[0]:
-                rows = min(_BLOCK_ROWS, max(4, 2 * self._block.shape[0]))
-                self._block = np.full((rows, 256), -1, dtype=np.int32)
-                self._next, self._address = 0, self._block.ctypes.data
+                self._new_block()
             # taken before `fill` runs, so that a fill that fails leaves no half-written row
             # to the next state
             k = self._next
@@ -97,4 +96,13 @@ class StateRows:
             self._rows[state] = got
             self.budget.charge(ROW_BYTES)
             self.pointers[state] = self._address + k * self._block.strides[0]
+        elif type(got) is tuple:  # (block, index): a row the C trie walk made (`dfa_rows.c`)
+            block, k = got
+            got = self._rows[state] = block[k]
         return got
+
+    def _new_block(self) -> None:
+        """The next rows go into a new block of -1s (4, 8, ... rows, then `_BLOCK_ROWS`)."""
+        rows = min(_BLOCK_ROWS, max(4, 2 * self._block.shape[0]))
+        self._block = np.full((rows, 256), -1, dtype=np.int32)
+        self._next, self._address = 0, self._block.ctypes.data

@@ -156,6 +156,8 @@ def test_an_automaton_that_does_not_publish_its_rows_fails_instead_of_hanging(ca
     error (the walk would otherwise ask for it forever)."""
 
     class Hidden:
+        native_dfa = None  # its rows come from `row`, which the walk calls back
+
         def __init__(self, automaton):
             self.row, self.is_accepting = automaton.row, automaton.is_accepting
 
@@ -231,3 +233,42 @@ def test_threads_walking_grammars_of_one_index_at_once(callback):
     for i, got in enumerate(together):
         want = alone[i % len(patterns)]
         assert len(got) == len(want) and all((a == b).all() for a, b in zip(got, want, strict=True))
+
+
+def test_rows_the_c_walk_makes_are_the_rows_row_makes(native, monkeypatch):
+    """Where C computes a regex automaton's rows, the C walk makes a missing row itself (no
+    Python frame per row): the same states, rows, masks and bytes charged as when it asks the
+    automaton's `row`, and the rows read back through `row` afterwards."""
+    if native_rows.dfa_rows() is None:
+        pytest.skip("the walk makes rows in C only with the native lazy DFA rows")
+    tok = tiny_tokenizer()
+    schema = {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
+    }
+
+    def walked(c_rows: bool):
+        with monkeypatch.context() as m:
+            if not c_rows:
+                m.setattr(RegexAutomaton, "native_dfa", property(lambda self: None))
+            grammar = GrammarCompiler(tok).compile_json_schema(schema)
+            assert (grammar.automaton.native_dfa is not None) == c_rows
+            matcher, got = grammar.matcher(), []
+            for b in b'{"id":12,"tags":["a","bc"]}':
+                got.append(matcher.next_token_mask().copy())
+                assert matcher.accept(grammar.index.token_bytes.index(bytes([b])))
+        return grammar.automaton, got
+
+    (in_c, masks_c), (asked, masks_asked) = walked(True), walked(False)
+    assert [m.tolist() for m in masks_c] == [m.tolist() for m in masks_asked]
+    assert in_c.dfa.sets == asked.dfa.sets and len(in_c.dfa.sets) > 20
+    assert in_c.budget.nbytes == asked.budget.nbytes
+    # rows the C walk made are kept as (block, index) until `row` first reads them
+    assert sum(type(r) is tuple for r in in_c.dfa.states._rows) > 10
+    assert not any(type(r) is tuple for r in asked.dfa.states._rows)
+    made = [s for s in range(len(in_c.dfa.sets)) if in_c.row_pointers()[s]]
+    assert made == [s for s in range(len(asked.dfa.sets)) if asked.row_pointers()[s]]
+    assert all(np.array_equal(in_c.row(s), asked.row(s)) for s in made)
