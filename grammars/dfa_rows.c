@@ -119,6 +119,36 @@ static int cmp_edge(const void *a, const void *b) {
     return (x->t > y->t) - (x->t < y->t);
 }
 
+/* Sorts: by insertion for the few items most calls have (qsort's comparator call per
+ * comparison cost more than the sorting), qsort past `SMALL_SORT`. */
+#define SMALL_SORT 32
+
+static void sort_longs(long *v, Py_ssize_t n) {
+    if (n > SMALL_SORT) {
+        qsort(v, n, sizeof(long), cmp_long);
+        return;
+    }
+    for (Py_ssize_t i = 1; i < n; i++) {
+        long x = v[i];
+        Py_ssize_t j = i;
+        for (; j > 0 && v[j - 1] > x; j--) v[j] = v[j - 1];
+        v[j] = x;
+    }
+}
+
+static void sort_edges(Edge *v, Py_ssize_t n) {
+    if (n > SMALL_SORT) {
+        qsort(v, n, sizeof(Edge), cmp_edge);
+        return;
+    }
+    for (Py_ssize_t i = 1; i < n; i++) {
+        Edge x = v[i];
+        Py_ssize_t j = i;
+        for (; j > 0 && cmp_edge(&v[j - 1], &x) > 0; j--) v[j] = v[j - 1];
+        v[j] = x;
+    }
+}
+
 /* The int object of state `s`, a new reference: one per state number, kept in `ints` (the
  * NFA's or the DFA's `_ints`), so that the tuples and keys naming a state share one object
  * instead of each holding an int of its own (fewer objects to make, and to free with the
@@ -1351,7 +1381,7 @@ static PyObject *c_closure(Ctx *c, PyObject *budget, PyObject *states) {
     }
     kept = prune(c, found.v, kept);
     if (kept < 0) goto done;
-    qsort(found.v, kept, sizeof(long), cmp_long);
+    sort_longs(found.v, kept);
     out = tuple_of(c->ints, found.v, kept);
 done:
     free(stack.v);
@@ -1484,7 +1514,7 @@ static int c_fill_row(Ctx *c, Table *d, PyObject *states, int32_t *row) {
         Py_DECREF(list);
     }
     if (PyErr_Occurred()) goto done;
-    qsort(e, ne, sizeof(Edge), cmp_edge);
+    sort_edges(e, ne);
     int overlap = 0;
     for (Py_ssize_t i = 1; i < ne && !overlap; i++) overlap = e[i - 1].hi >= e[i].lo;
     if (!overlap) { /* no two edges share a byte: one target each */
@@ -1509,7 +1539,7 @@ static int c_fill_row(Ctx *c, Table *d, PyObject *states, int32_t *row) {
         points[2 * i] = e[i].lo;
         points[2 * i + 1] = e[i].hi + 1;
     }
-    qsort(points, 2 * ne, sizeof(long), cmp_long);
+    sort_longs(points, 2 * ne);
     Py_ssize_t np = 0;
     for (Py_ssize_t i = 0; i < 2 * ne; i++)
         if (np == 0 || points[np - 1] != points[i]) points[np++] = points[i];
@@ -1534,7 +1564,7 @@ static int c_fill_row(Ctx *c, Table *d, PyObject *states, int32_t *row) {
         }
         if (na == 0) continue;
         memcpy(key, active_t, na * sizeof(long));
-        qsort(key, na, sizeof(long), cmp_long);
+        sort_longs(key, na);
         long id = c_target_id(c, d, key, na);
         if (id == ERR) goto done;
         fill(row, a, points[p + 1], id);
