@@ -199,12 +199,16 @@ RECURSIVE = {
 
 
 def test_a_recursive_grammar_stays_out_of_the_cyclic_collector(native):
-    """A recursive schema's rules (IR with `Ref`s, which the sub-schema memo keeps), its
-    parser states, their rows and the dicts that find them stay out of the collector's sight
-    as masks walk the grammar, so that full collections do not walk a cache of them."""
+    """A recursive schema's rules (IR with `Ref`s, which the sub-schema memo keeps), the
+    lexer's waiting entries Python made while compiling, its parser states, their rows and the
+    dicts that find them stay out of the collector's sight as masks walk the grammar, so that
+    full collections do not walk a cache of them."""
     gc.disable()  # a full collection would untrack the dicts itself
     try:
         grammar = GrammarCompiler(tiny_tokenizer()).compile_json_schema(RECURSIVE)
+        lexer = grammar.automaton.lexer.nfa  # each terminal's entry, made by Python
+        waiting = [*lexer._todo.values(), *lexer._run_todo.values()]
+        assert len(waiting) > 5 and not any(map(gc.is_tracked, waiting))
         matcher = grammar.matcher()
         for b in b'{"name":"a","kids":[{"name":"b","kids":[]}]}':
             matcher.next_token_mask()
