@@ -119,33 +119,23 @@ static int cmp_edge(const void *a, const void *b) {
     return (x->t > y->t) - (x->t < y->t);
 }
 
-/* Sorts: by insertion for the few items most calls have (qsort's comparator call per
- * comparison cost more than the sorting), qsort past `SMALL_SORT`. */
+/* Sorts `n` items of `size` bytes by `cmp`: by insertion for the few items most calls have
+ * (qsort's comparator call per comparison cost more than the sorting; inlined here, the
+ * comparator is too), qsort past `SMALL_SORT`. */
 #define SMALL_SORT 32
 
-static void sort_longs(long *v, Py_ssize_t n) {
+static inline void sort_items(void *v, Py_ssize_t n, size_t size,
+                              int (*cmp)(const void *, const void *)) {
     if (n > SMALL_SORT) {
-        qsort(v, n, sizeof(long), cmp_long);
+        qsort(v, n, size, cmp);
         return;
     }
+    char *a = v, x[sizeof(Edge)]; /* the largest item sorted */
     for (Py_ssize_t i = 1; i < n; i++) {
-        long x = v[i];
+        memcpy(x, a + i * size, size);
         Py_ssize_t j = i;
-        for (; j > 0 && v[j - 1] > x; j--) v[j] = v[j - 1];
-        v[j] = x;
-    }
-}
-
-static void sort_edges(Edge *v, Py_ssize_t n) {
-    if (n > SMALL_SORT) {
-        qsort(v, n, sizeof(Edge), cmp_edge);
-        return;
-    }
-    for (Py_ssize_t i = 1; i < n; i++) {
-        Edge x = v[i];
-        Py_ssize_t j = i;
-        for (; j > 0 && cmp_edge(&v[j - 1], &x) > 0; j--) v[j] = v[j - 1];
-        v[j] = x;
+        for (; j > 0 && cmp(a + (j - 1) * size, x) > 0; j--) memcpy(a + j * size, a + (j - 1) * size, size);
+        memcpy(a + j * size, x, size);
     }
 }
 
@@ -1381,7 +1371,7 @@ static PyObject *c_closure(Ctx *c, PyObject *budget, PyObject *states) {
     }
     kept = prune(c, found.v, kept);
     if (kept < 0) goto done;
-    sort_longs(found.v, kept);
+    sort_items(found.v, kept, sizeof(long), cmp_long);
     out = tuple_of(c->ints, found.v, kept);
 done:
     free(stack.v);
@@ -1514,7 +1504,7 @@ static int c_fill_row(Ctx *c, Table *d, PyObject *states, int32_t *row) {
         Py_DECREF(list);
     }
     if (PyErr_Occurred()) goto done;
-    sort_edges(e, ne);
+    sort_items(e, ne, sizeof(Edge), cmp_edge);
     int overlap = 0;
     for (Py_ssize_t i = 1; i < ne && !overlap; i++) overlap = e[i - 1].hi >= e[i].lo;
     if (!overlap) { /* no two edges share a byte: one target each */
@@ -1539,7 +1529,7 @@ static int c_fill_row(Ctx *c, Table *d, PyObject *states, int32_t *row) {
         points[2 * i] = e[i].lo;
         points[2 * i + 1] = e[i].hi + 1;
     }
-    sort_longs(points, 2 * ne);
+    sort_items(points, 2 * ne, sizeof(long), cmp_long);
     Py_ssize_t np = 0;
     for (Py_ssize_t i = 0; i < 2 * ne; i++)
         if (np == 0 || points[np - 1] != points[i]) points[np++] = points[i];
@@ -1564,7 +1554,7 @@ static int c_fill_row(Ctx *c, Table *d, PyObject *states, int32_t *row) {
         }
         if (na == 0) continue;
         memcpy(key, active_t, na * sizeof(long));
-        sort_longs(key, na);
+        sort_items(key, na, sizeof(long), cmp_long);
         long id = c_target_id(c, d, key, na);
         if (id == ERR) goto done;
         fill(row, a, points[p + 1], id);
