@@ -381,25 +381,11 @@ static void untrack(PyObject *list) {
  * each key it adds (`set_state`), so a dict stays untracked unless Python code adds a key it
  * made (the states made while compiling); Python itself untracks such a dict only at a full
  * collection, after walking it, and every full collection meets the dicts of the grammars
- * built since the last one. A dict holding anything else stays tracked. */
-static void untrack_dict(PyObject *dict) {
-    if (!PyObject_GC_IsTracked(dict)) return;
-    Py_ssize_t pos = 0;
-    PyObject *key, *value;
-    while (PyDict_Next(dict, &pos, &key, &value)) {
-        PyObject *kv[] = {key, value};
-        for (int i = 0; i < 2; i++) {
-            if (PyTuple_CheckExact(kv[i])) untrack_atoms(kv[i]);
-            if (PyObject_IS_GC(kv[i]) && (!PyTuple_CheckExact(kv[i]) || PyObject_GC_IsTracked(kv[i])))
-                return;
-        }
-    }
-    PyObject_GC_UnTrack(dict);
-}
-
-/* `untrack_dict` that looks at every entry, untracking each tuple it can even past one that
- * keeps the dict tracked: for a dict swept once, not at every call. */
-static void untrack_entries(PyObject *dict) {
+ * built since the last one. A dict holding anything else stays tracked. With `every`, every
+ * entry is looked at, each tuple untracked where it can be even past one that keeps the dict
+ * tracked: for a dict swept once, not at every call. */
+static void untrack_dict(PyObject *dict, int every) {
+    if (!every && !PyObject_GC_IsTracked(dict)) return;
     int atoms = 1;
     Py_ssize_t pos = 0;
     PyObject *key, *value;
@@ -407,8 +393,10 @@ static void untrack_entries(PyObject *dict) {
         PyObject *kv[] = {key, value};
         for (int i = 0; i < 2; i++) {
             if (PyTuple_CheckExact(kv[i])) untrack_atoms(kv[i]);
-            if (PyObject_IS_GC(kv[i]) && (!PyTuple_CheckExact(kv[i]) || PyObject_GC_IsTracked(kv[i])))
+            if (PyObject_IS_GC(kv[i]) && (!PyTuple_CheckExact(kv[i]) || PyObject_GC_IsTracked(kv[i]))) {
+                if (!every) return;
                 atoms = 0;
+            }
         }
     }
     if (atoms && PyObject_GC_IsTracked(dict)) PyObject_GC_UnTrack(dict);
@@ -454,7 +442,7 @@ static int ctx_load(Ctx *c, PyObject *nfa) {
     untrack(c->ints);
     PyObject *numbers[] = {c->runs, c->ids, c->shared, c->lifts, c->lifted, c->order,
                            c->tags, c->ends, c->bodies, c->node_ids};
-    for (size_t i = 0; i < sizeof(numbers) / sizeof(*numbers); i++) untrack_dict(numbers[i]);
+    for (size_t i = 0; i < sizeof(numbers) / sizeof(*numbers); i++) untrack_dict(numbers[i], 0);
     return 0;
 }
 
@@ -465,9 +453,9 @@ static int ctx_load(Ctx *c, PyObject *nfa) {
 static PyObject *untrack_made(PyObject *self, PyObject *nfa) {
     Ctx c;
     if (ctx_load(&c, nfa) < 0) return NULL;
-    untrack_entries(c.todo);
-    untrack_entries(c.run_todo);
-    untrack_entries(c.counted);
+    untrack_dict(c.todo, 1);
+    untrack_dict(c.run_todo, 1);
+    untrack_dict(c.counted, 1);
     Py_DECREF(c.parts);
     Py_RETURN_NONE;
 }
@@ -1405,8 +1393,8 @@ static int table_load(Table *d, PyObject *dfa) {
     Py_DECREF(parts); /* the DFA holds its parts */
     if (!ok || (limits = PyObject_GetAttr(d->budget, s_limits)) == NULL) return -1;
     untrack(d->ints);
-    untrack_dict(d->by_targets);
-    untrack_dict(d->ids);
+    untrack_dict(d->by_targets, 0);
+    untrack_dict(d->ids, 0);
     d->max_states = d->max_state_size = LONG_MAX;
     if (limits != Py_None) {
         PyObject *a = PyObject_GetAttr(limits, s_max_states);
