@@ -66,7 +66,7 @@ class RegexAutomaton:
 
     @property
     def native_dfa(self) -> LazyDFA | None:
-        return self.dfa if self.dfa.computes_in_c else None
+        return self.dfa if self.dfa.native is not None else None
 
     def is_accepting(self, state: int) -> bool:
         return self._final in self.dfa.sets[state]

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .budget import GrammarBudget
-from .nfa import NFA, Deadline, EmptyLanguage, LazyDFA, nfa_nbytes
+from .nfa import NFA, Deadline, EmptyLanguage, LazyDFA, byte_groups, nfa_nbytes
 from .regex_ir import Alt, Chars, Dfa, Ref, Repeat, Seq, fold
 from .states import DICT_ENTRY_BYTES, StateRows, untracked
 
@@ -448,18 +448,20 @@ class GrammarAutomaton:
             ids = [self._intern(succ) for succ in succ_sets] + [-1]
             np.asarray(ids, dtype=np.int32).take(codes[0], out=row)  # code -1 reads the last
             return
-        # A group id per byte, equal where the columns are (renumbered densely after each
-        # element, so the mixed-radix key stays small), then one state per group.
+        # A group id per byte, equal where the columns are (renumbered densely, in increasing
+        # order of key, after each element, so the mixed-radix key stays small), then one
+        # state per group, read from one byte of it.
         group = codes[0]
         for more in codes[1:]:
-            key = (group + 1) * (len(succ_sets) + 1) + (more + 1)
-            group = np.unique(key, return_inverse=True)[1].reshape(-1)
-        _, first, inverse = np.unique(group, return_index=True, return_inverse=True)
+            key = (group + 1) * (len(succ_sets) + 1) + (more + 1)  # all >= 1: none "dead"
+            live, group = byte_groups(key.astype(np.int32), self.lexer.native)
+        some_byte = np.empty(len(live), dtype=np.intp)
+        some_byte[group] = np.arange(256)
         ids = [
             self._intern(tuple(sorted(set().union(*(succ_sets[c] for c in column if c >= 0)))))
-            for column in np.stack(codes).take(first, axis=1).T.tolist()
+            for column in np.stack(codes).take(some_byte, axis=1).T.tolist()
         ]
-        np.asarray(ids, dtype=np.int32).take(inverse.reshape(-1), out=row)
+        np.asarray(ids, dtype=np.int32).take(group, out=row)
 
     def row(self, state: int) -> np.ndarray:
         return self.states.row(state, self._compute_row)

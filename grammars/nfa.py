@@ -437,6 +437,21 @@ def native_rows():
     return native
 
 
+def byte_groups(values: np.ndarray, native=None) -> tuple[tuple[int, ...], np.ndarray]:
+    """The distinct values of `values` (int32[256]) in increasing order, less the least when
+    it is negative (a dead target), and per byte the index of its value among them (int32;
+    -1 for that one): the C module's count (`native`, when given), else numpy's `unique`."""
+    inverse = np.empty(256, dtype=np.int32)
+    if native is not None:
+        return native.byte_groups(values, inverse), inverse
+    distinct, where = np.unique(values, return_inverse=True)
+    inverse[:] = where.reshape(-1)
+    live = tuple(distinct.tolist())
+    if live[0] < 0:
+        return live[1:], inverse - 1
+    return live, inverse
+
+
 def untrack_ir(*nodes) -> None:
     """Take the IR graphs from `nodes` out of the cyclic collector's sight, where the C rows
     are built: no reference cycle runs through IR (it is immutable and built from its leaves
@@ -471,9 +486,9 @@ class LazyDFA:
                        self.states, self.budget, self._ints)  # fmt: skip
 
     @property
-    def computes_in_c(self) -> bool:
-        """Whether the C rows (`dfa_rows.c`) compute this DFA's rows."""
-        return self._native is not None
+    def native(self):
+        """The C rows (`dfa_rows.c`) where they compute this DFA's rows, else None."""
+        return self._native
 
     def containers(self) -> list:
         """The lists and dicts this DFA and its NFA alone hold (see `reaper`)."""
@@ -572,16 +587,7 @@ class LazyDFA:
     def byte_groups(self, state: int) -> tuple[tuple[int, ...], np.ndarray]:
         """The live targets of `state`'s row, in increasing order, and per byte the index of
         its target among them (int32; -1: dead)."""
-        row = self.row(state)
-        inverse = np.empty(256, dtype=np.int32)
-        if self._native is not None:
-            return self._native.byte_groups(row, inverse), inverse
-        values, where = np.unique(row, return_inverse=True)
-        inverse[:] = where.reshape(-1)
-        live = tuple(values.tolist())
-        if live[0] < 0:
-            return live[1:], inverse - 1
-        return live, inverse
+        return byte_groups(self.row(state), self._native)
 
     def tags(self, state: int) -> tuple[int, ...]:
         """Tags of the accepting NFA states in `state` (kept: parser states share lexer states)."""
