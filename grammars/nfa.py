@@ -427,7 +427,7 @@ class NFA:
         return got
 
 
-def native_rows():
+def configured_rows():
     """The C rows (`native_rows.dfa_rows`) told what they read of the IR and the NFA (a
     few references set again: cheap), or None."""
     native = dfa_rows()
@@ -457,7 +457,7 @@ def untrack_ir(*nodes) -> None:
     are built: no reference cycle runs through IR (it is immutable and built from its leaves
     up; a `Ref` names its rule), and IR a cached grammar or the sub-schema memo keeps would
     otherwise be walked by every full collection."""
-    native = native_rows()
+    native = configured_rows()
     if native is not None:
         for node in nodes:
             native.untrack_ir(node)
@@ -479,7 +479,9 @@ class LazyDFA:
         self._tags: dict[int, tuple[int, ...]] = {}
         self.states = StateRows(self.budget, "NFA states")
         self.sets = self.states.sets
-        self._native = native_rows()  # the C twin of `closure`, `_compute_row` and what they make
+        self._native = (
+            configured_rows()
+        )  # the C twin of `closure`, `_compute_row` and what they make
         self._ints: list[int] = []  # the C rows' int object of each DFA state number, shared
         # what the C rows read of this DFA, in one attribute
         self._parts = (self._by_targets, self.states._ids, self.sets, self.states._rows,

@@ -60,7 +60,7 @@ def _take_apart(grammar) -> None:
     del automaton
     seen = set()
     for box in grammar.containers():
-        if id(box) in seen:  # lists some parts share (a DFA's states are its rows' too)
+        if id(box) in seen:  # listed twice: the NFA's parts and its facts share one dict
             continue
         seen.add(id(box))
         while box:
@@ -89,6 +89,8 @@ class Reaper:
 
     def drop(self, grammars: list) -> None:
         """Take the grammars in `grammars` (which it empties) to free on the reaper's thread."""
+        if not grammars:  # most compiles and cache hits drop none
+            return
         with self._changed:
             self._waiting.extend(grammars)
             grammars.clear()
