@@ -304,10 +304,10 @@ class SchemaConverter(ContainerConverter):
     def _convert_object(self, schema: dict, where: str):
         if "$ref" in schema and self.schemas.bare_ref(schema):
             return self._ref(schema["$ref"], where)
-        if any(k in schema for k in CONDITIONAL):
+        if not CONDITIONAL.isdisjoint(schema):
             return self.convert(conditional_cases(schema), where)
-        unknown = sorted(set(schema) & UNSUPPORTED)
-        if unknown:
+        if not UNSUPPORTED.isdisjoint(schema):
+            unknown = sorted(set(schema) & UNSUPPORTED)
             raise ValueError(f"{where}: unsupported JSON Schema keyword(s): {', '.join(unknown)}")
         check_numbers(schema, where)
         if "format" in schema and schema["format"] not in FORMATS:

@@ -37,6 +37,7 @@ from .regex_ir import (
     EMPTY,
     Alt,
     Repeat,
+    Seq,
     alt,
     literal,
     map_chars,
@@ -141,7 +142,9 @@ class ContainerConverter:
         def schema_of(key: str, declared):
             if allowed is not None and not matches(allowed, key, self.deadline):
                 return False  # a name `propertyNames` does not allow
-            hits = [s for s, on in zip(patterns.schemas, patterns.matched(key), strict=True) if on]
+            hits = patterns.schemas and [
+                s for s, on in zip(patterns.schemas, patterns.matched(key), strict=True) if on
+            ]
             if declared is None:
                 return {"allOf": hits} if hits else extra_schema
             return {"allOf": [declared, *hits]} if hits else declared
@@ -197,23 +200,28 @@ class ContainerConverter:
         # that pair skipped if optional. Built from the end (positions in decreasing order),
         # so every continuation exists before it is used and nothing recurses per property.
         rest: dict[tuple[tuple[int, ...], int, bool], object] = {}
-        for at in itertools.product(*(range(len(chain), -1, -1) for chain in chains)):
+        ends = tuple(len(chain) for chain in chains)
+        for at in itertools.product(*(range(end, -1, -1) for end in ends)):
             self.deadline.check()
-            done = all(i == len(chain) for i, chain in zip(at, chains, strict=True))
-            for count in range(min(cap, sum(at)) + 1):
-                for first in (True, False) if count == 0 else (False,):
-                    if done:
+            counts = range(min(cap, sum(at)) + 1)
+            if at == ends:
+                for count in counts:
+                    for first in (True, False) if count == 0 else (False,):
                         rest[at, count, first] = extras(first, count)
-                        continue
+                continue
+            # per chain with a pair left: that pair, it after a separator, whether it is
+            # required, and the positions after it
+            nexts = [(*chains[c][i], (*at[:c], i + 1, *at[c + 1 :]))
+                     for c, i in enumerate(at) if i < ends[c]]  # fmt: skip
+            for count in counts:
+                more, up = hi is None or count < hi, min(count + 1, cap)
+                for first in (True, False) if count == 0 else (False,):
                     options = []
-                    for c, i in enumerate(at):
-                        if i == len(chains[c]):
-                            continue
-                        pair, sep_pair, req = chains[c][i]
-                        after = (*at[:c], i + 1, *at[c + 1 :])
-                        if hi is None or count < hi:
-                            head = pair if first else sep_pair
-                            options.append(seq(head, rest[after, min(count + 1, cap), False]))
+                    for pair, sep_pair, req, after in nexts:
+                        if more:
+                            options.append(
+                                Seq((pair if first else sep_pair, rest[after, up, False]))
+                            )
                         if not req:
                             options.append(rest[after, count, first])
                     rest[at, count, first] = (

@@ -288,7 +288,7 @@ class SchemaResolver:
                 raise ValueError(f"{where}: a schema must be an object or a boolean, got {part!r}")
             check_numbers(part, where)
         # a condition holds of its own part: as allOf/anyOf it cannot meet the other's `else`
-        a, b = (conditional_cases(p) if set(p) & set(CONDITIONAL) else p for p in (a, b))
+        a, b = (conditional_cases(p) if not CONDITIONAL.isdisjoint(p) else p for p in (a, b))
         if "allOf" in b:
             for sub in b["allOf"]:
                 a = self.merge(a, self.inline(sub, where), where)
@@ -383,7 +383,7 @@ def _unlisted_schema(patterns: dict | None, additional, key: str, deadline: Dead
     return {"allOf": hits} if hits else additional
 
 
-CONDITIONAL = ("if", "then", "else")
+CONDITIONAL = frozenset(("if", "then", "else"))
 
 
 def conditional_cases(schema: dict) -> dict:
