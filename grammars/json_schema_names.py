@@ -78,6 +78,8 @@ class PatternNames:
 
     def matched(self, name: str) -> tuple[bool, ...]:
         """Which patterns `name` matches (as `re.search` would, in time linear in the name)."""
+        if not self._starts:  # most objects
+            return ()
         out = []
         for t, prefix in zip(self._starts, self._prefixes, strict=True):
             if not name.startswith(prefix):
@@ -95,6 +97,8 @@ class PatternNames:
         """Candidate classes (which patterns a name matches), the empty one first; raises
         past `MAX_PATTERN_CLASSES`."""
         n = len(self.irs)
+        if n == 0:  # most objects
+            return [()]
         found: set[frozenset[int]] = {frozenset()}
         level = [frozenset([i]) for i in range(n)]
         while level:
