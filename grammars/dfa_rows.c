@@ -1700,6 +1700,7 @@ static int dfa_row(PyObject *dfa, long state) {
     if ((r = PyLong_FromLong(next + 1)) == NULL || PyObject_SetAttr(states, s_next, r) < 0) goto done;
     Py_CLEAR(r);
     int32_t *row = (int32_t *)rows.buf + 256 * next;
+    memset(row, 0xff, 256 * sizeof(int32_t)); /* -1s: blocks are left as allocated */
     if (ctx_load(&c, nfa) < 0) goto done;
     PyObject *filled = c_fill_row(&c, &d, set, row) == 0 ? Py_NewRef(Py_None) : NULL;
     if (filled != NULL) c.table_bytes += row_bytes;

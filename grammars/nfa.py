@@ -56,7 +56,7 @@ import numpy as np
 from .budget import GrammarBudget, GrammarBudgetExceeded
 from .native_rows import dfa_rows
 from .regex_facts import IrFacts
-from .regex_ir import Alt, Chars, Dfa, Ranges, Ref, Repeat, Seq, utf8_sequences
+from .regex_ir import Alt, Chars, Dfa, Ranges, Ref, Repeat, Seq, shared_chars, utf8_sequences
 from .states import DICT_ENTRY_BYTES, ROW_BYTES, StateRows, untracked
 
 MAX_NFA_STATES = 500_000
@@ -350,7 +350,8 @@ class NFA:
             if ranges is None:
                 got = self.facts.counted(node)[0]
             else:
-                got = Chars(ranges) if node.spell is None else node.spell(Chars(ranges))
+                chars = shared_chars(ranges)
+                got = chars if node.spell is None else node.spell(chars)
             self._body_irs[key] = got
         return got
 

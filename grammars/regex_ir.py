@@ -199,6 +199,13 @@ def _char(c: str) -> Chars:
     return Chars(((ord(c), ord(c)),))
 
 
+@functools.lru_cache(maxsize=4096)
+def shared_chars(ranges: Ranges) -> Chars:
+    """One `Chars` node per (normalized) ranges, shared: the NFA makes one for each class an
+    explicit DFA reads, in every grammar whose DFA has that class."""
+    return Chars(ranges)
+
+
 @functools.lru_cache(maxsize=8192)
 def literal(text: str) -> Seq:
     """IR matching exactly `text` (one shared node per character: large enums stay small DAGs;

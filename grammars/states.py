@@ -92,6 +92,7 @@ class StateRows:
             k = self._next
             self._next += 1
             got = self._block[k]
+            got.fill(-1)
             fill(state, got)
             self._rows[state] = got
             self.budget.charge(ROW_BYTES)
@@ -102,7 +103,9 @@ class StateRows:
         return got
 
     def _new_block(self) -> None:
-        """The next rows go into a new block of -1s (4, 8, ... rows, then `_BLOCK_ROWS`)."""
+        """The next rows go into a new block (4, 8, ... rows, then `_BLOCK_ROWS`), left as
+        allocated: each row is set to -1s as it is taken, so the pages of rows never taken are
+        never touched."""
         rows = min(_BLOCK_ROWS, max(4, 2 * self._block.shape[0]))
-        self._block = np.full((rows, 256), -1, dtype=np.int32)
+        self._block = np.empty((rows, 256), dtype=np.int32)
         self._next, self._address = 0, self._block.ctypes.data

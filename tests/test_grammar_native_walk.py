@@ -14,6 +14,7 @@ from radixflow.grammars.automaton import RegexAutomaton
 from radixflow.grammars.budget import GrammarBudgetExceeded, GrammarLimits
 from radixflow.grammars.masks import WalkTable, compute_mask
 from radixflow.grammars.regex_parse import parse_regex
+from radixflow.grammars.states import StateRows
 from radixflow.grammars.tokenizer_index import _build_index
 
 
@@ -272,3 +273,38 @@ def test_rows_the_c_walk_makes_are_the_rows_row_makes(native, monkeypatch):
     made = [s for s in range(len(in_c.dfa.sets)) if in_c.row_pointers()[s]]
     assert made == [s for s in range(len(asked.dfa.sets)) if asked.row_pointers()[s]]
     assert all(np.array_equal(in_c.row(s), asked.row(s)) for s in made)
+
+
+@pytest.mark.parametrize("c_rows", [True, False], ids=["c-rows", "python-rows"])
+def test_rows_are_right_in_blocks_left_as_allocated(native, monkeypatch, c_rows):
+    """Row blocks are not cleared when allocated (pages of rows never taken stay untouched):
+    each row is set to -1s as it is taken, by C or by Python, so memory a freed grammar left
+    behind never shows through as transitions."""
+    if c_rows and native_rows.dfa_rows() is None:
+        pytest.skip("the walk makes rows in C only with the native lazy DFA rows")
+    tok = tiny_tokenizer()
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 3}}}
+    text = b'{"name":"ab"}'
+
+    def walked(dirty: bool):
+        with monkeypatch.context() as m:
+            if not c_rows:
+                m.setattr(RegexAutomaton, "native_dfa", property(lambda self: None))
+            if dirty:
+                new_block = StateRows._new_block
+
+                def dirty_block(self):
+                    new_block(self)
+                    self._block.fill(3)  # a live-looking state id everywhere
+
+                m.setattr(StateRows, "_new_block", dirty_block)
+            grammar = GrammarCompiler(tok).compile_json_schema(schema)
+            matcher, got = grammar.matcher(), []
+            for b in text:
+                got.append(matcher.next_token_mask().copy())
+                assert matcher.accept(grammar.index.token_bytes.index(bytes([b])))
+            assert matcher.is_terminated() or matcher.accept(tok.eos_token_id)
+        return got
+
+    clean, dirty = walked(False), walked(True)
+    assert [m.tolist() for m in dirty] == [m.tolist() for m in clean]
