@@ -142,9 +142,7 @@ class ContainerConverter:
         def schema_of(key: str, declared):
             if allowed is not None and not matches(allowed, key, self.deadline):
                 return False  # a name `propertyNames` does not allow
-            hits = patterns.schemas and [
-                s for s, on in zip(patterns.schemas, patterns.matched(key), strict=True) if on
-            ]
+            hits = [s for s, on in zip(patterns.schemas, patterns.matched(key), strict=True) if on]
             if declared is None:
                 return {"allOf": hits} if hits else extra_schema
             return {"allOf": [declared, *hits]} if hits else declared
@@ -203,19 +201,16 @@ class ContainerConverter:
         ends = tuple(len(chain) for chain in chains)
         for at in itertools.product(*(range(end, -1, -1) for end in ends)):
             self.deadline.check()
-            counts = range(min(cap, sum(at)) + 1)
-            if at == ends:
-                for count in counts:
-                    for first in (True, False) if count == 0 else (False,):
-                        rest[at, count, first] = extras(first, count)
-                continue
             # per chain with a pair left: that pair, it after a separator, whether it is
-            # required, and the positions after it
+            # required, and the positions after it (none once every chain is done)
             nexts = [(*chains[c][i], (*at[:c], i + 1, *at[c + 1 :]))
                      for c, i in enumerate(at) if i < ends[c]]  # fmt: skip
-            for count in counts:
+            for count in range(min(cap, sum(at)) + 1):
                 more, up = hi is None or count < hi, min(count + 1, cap)
                 for first in (True, False) if count == 0 else (False,):
+                    if not nexts:
+                        rest[at, count, first] = extras(first, count)
+                        continue
                     options = []
                     for pair, sep_pair, req, after in nexts:
                         if more:
