@@ -266,7 +266,7 @@ def overlaps(terms: Terms, starts: Sequence[int]) -> bool:
         if all(terms.nullable(t) for t in state):
             return True
         for block in terms.classes(state, with_rest=False):
-            nxt = tuple(terms.deriv(t, block[0][0]) for t in state)
+            nxt = terms.step(state, block[0][0])
             if NEVER_TERM in nxt or nxt in seen:
                 continue
             if len(seen) >= MAX_STATES:
@@ -291,6 +291,7 @@ def explore(
     rest = accept((False,) * len(start))  # words in none of the languages are accepted
     index = {start: 0}
     states = [start]
+    refused: set[tuple[int, ...]] = set()  # successors found dead, not entered
     moves: list[list[tuple[Ranges, int]]] = []
     accepting: list[bool] = []
     while len(moves) < len(states):
@@ -299,10 +300,15 @@ def explore(
         accepting.append(accept(tuple(terms.nullable(t) for t in state)))
         by_target: dict[int, Ranges] = {}
         for block in terms.classes([t for t in state if t != NEVER_TERM], with_rest=rest):
-            nxt = tuple(terms.deriv(t, block[0][0]) for t in state)
-            if (not rest and all(t == NEVER_TERM for t in nxt)) or (dead and dead(nxt)):
-                continue
-            j = _state_number(index, states, nxt, "the combined regular expression")
+            nxt = terms.step(state, block[0][0])
+            j = index.get(nxt)
+            if j is None:
+                if nxt in refused:
+                    continue
+                if (not rest and all(t == NEVER_TERM for t in nxt)) or (dead and dead(nxt)):
+                    refused.add(nxt)
+                    continue
+                j = _state_number(index, states, nxt, "the combined regular expression")
             by_target[j] = by_target.get(j, ()) + block
         moves.append([(normalize(ranges), j) for j, ranges in by_target.items()])
     return _trim(moves, accepting)

@@ -9,7 +9,6 @@ A `Dfa` node (without length bounds or spelling) is one term per state of its ta
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 from collections.abc import Sequence
 
@@ -48,6 +47,7 @@ class Terms:
         self._lengths: dict[int, tuple[float, float]] = {}
         self._firsts: dict[int, frozenset] = {}
         self._derivs: dict[tuple[int, int], int] = {}
+        self._classes: dict[tuple[frozenset, bool], tuple[Ranges, ...]] = {}
         self._intern(("e",))
         self._intern(("n",))
 
@@ -238,17 +238,35 @@ class Terms:
         self._derivs[key] = got
         return got
 
-    def classes(self, terms: Sequence[int], with_rest: bool, extra: Sequence = ()) -> list[Ranges]:
-        """Code point classes on which every term in `terms` derives alike.
+    def step(self, terms: tuple[int, ...], cp: int) -> tuple[int, ...]:
+        """Each term's derivative by `cp`: a product automaton's move (`regex_algebra`)."""
+        derivs = self._derivs
+        out = []
+        for t in terms:
+            got = derivs.get((t, cp))
+            out.append(self.deriv(t, cp) if got is None else got)
+        return tuple(out)
 
-        Each set in `extra` is a union of classes too. With `with_rest`, the class of code
-        points no term can start with is included.
-        """
+    def classes(self, terms: Sequence[int], with_rest: bool) -> tuple[Ranges, ...]:
+        """Code point classes on which every term in `terms` derives alike. With `with_rest`,
+        the class of code points no term can start with is included.
+
+        Kept by the set of first-character sets they come from: the states of a product
+        automaton (`regex_algebra.explore`) mostly share a few such sets."""
+        firsts = frozenset().union(*(self.firsts(t) for t in terms))
+        key = (firsts, with_rest)
+        got = self._classes.get(key)
+        if got is None:
+            got = self._classes[key] = self._sweep(firsts, with_rest)
+        return got
+
+    @staticmethod
+    def _sweep(sets: frozenset, with_rest: bool) -> tuple[Ranges, ...]:
         # A sweep over the sets' bounds: between two bounds every code point is in the same
         # sets, named by one bit each (toggled where a set's range starts and after it ends).
         toggles: dict[int, int] = {}
         bit = 1
-        for ranges in itertools.chain((r for t in terms for r in self.firsts(t)), extra):
+        for ranges in sets:
             for lo, hi in normalize(ranges):
                 toggles[lo] = toggles.get(lo, 0) ^ bit
                 toggles[hi + 1] = toggles.get(hi + 1, 0) ^ bit
@@ -265,4 +283,4 @@ class Terms:
             rest = complement(tuple(r for ranges in blocks for r in ranges))
             if rest:
                 blocks.append(rest)
-        return blocks
+        return tuple(blocks)

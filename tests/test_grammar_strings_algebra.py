@@ -154,7 +154,8 @@ def test_classes_are_the_code_points_each_set_of_sets_holds():
             ]
             sets.append(normalize(tuple((lo, min(lo + rng.randint(0, 40), top)) for lo in starts)))
         with_rest = rng.random() < 0.5
-        blocks = Terms().classes([], with_rest, sets)
+        terms = Terms()
+        blocks = terms.classes([terms.chars(r) for r in sets], with_rest)
         points = sorted(
             {p for r in sets for lo, hi in r for p in (lo, hi, lo - 1, hi + 1)} | {0, 64}
         )
