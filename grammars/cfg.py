@@ -376,9 +376,13 @@ class GrammarAutomaton:
         self.ignore = frozenset(bnf.ignore)
         self._lex_start: dict[frozenset, int] = {}
         self._expand: dict[tuple[int, int], tuple] = {}
-        self._groups: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}  # lexer state -> groups
+        self._groups: dict[int, tuple[tuple[int, ...], np.ndarray, bool]] = {}  # by lexer state
         self.states = StateRows(self.budget, "parser positions")
         self.sets = self.states.sets
+        self._ints: list[int] = []  # the C rows' int object of each state number, shared
+        # what the C rows (`dfa_rows.cfg_row`) read of the parser states, in one attribute
+        self._parts = (self.states._ids, self.sets, self.states._rows, self.states, self.budget,
+                       self._ints)  # fmt: skip
         self.lock = threading.RLock()
         self.initial = self._intern(self._fresh(self.parser.root))
         if self.initial < 0:
@@ -420,41 +424,55 @@ class GrammarAutomaton:
             self._expand[untracked(key)] = untracked(got)
         return got
 
-    def _lex_groups(self, lex: int) -> tuple[tuple[int, ...], np.ndarray]:
-        """The live states of lexer row `lex` and, per byte, the index of its target among
-        them (-1: dead); computed once per lexer state, which many parser states share."""
+    def _lex_groups(self, lex: int) -> tuple[tuple[int, ...], np.ndarray, bool]:
+        """The live states of lexer row `lex`, per byte the index of its target among them
+        (-1: dead), and whether none of them ends a terminal; computed once per lexer state,
+        which many parser states share."""
         got = self._groups.get(lex)
         if got is None:
-            live, inverse = got = self._groups[lex] = self.lexer.byte_groups(lex)
+            live, inverse = self.lexer.byte_groups(lex)
+            inside = not any(self.lexer.tags(v) for v in live)
+            got = self._groups[lex] = (live, inverse, inside)
             self.budget.charge(inverse.size * 4 + len(live) * 8 + DICT_ENTRY_BYTES)
         return got
 
     def _compute_row(self, state: int, row: np.ndarray) -> None:
-        # Each element's lexer row as codes into `succ_sets` (-1: dead), then the bytes
-        # grouped by their column of codes: one interned state per distinct column.
-        codes, succ_sets = [], []
+        # Each element's lexer row names, per byte, a code into `succ_sets` (its live target's
+        # index plus the element's offset; -1: dead); the bytes whose columns of codes are
+        # equal go to one interned state, the union of the sets they name.
+        inverses, offsets, succ_sets = [], [], []
         for node, lex, _ in self.sets[state]:
             if lex < 0:
                 continue
-            live, inverse = self._lex_groups(lex)
+            live, inverse, inside = self._lex_groups(lex)
             if not live:
                 continue
-            offset = len(succ_sets)
-            succ_sets.extend(self._successors(node, v) for v in live)
-            codes.append(np.where(inverse >= 0, inverse + offset, -1) if offset else inverse)
-        if not codes:
+            inverses.append(inverse)
+            offsets.append(len(succ_sets))
+            if inside:  # no target ends a terminal: the same Earley set goes on reading
+                succ_sets.extend(((node, v, False),) for v in live)
+            else:
+                succ_sets.extend(self._successors(node, v) for v in live)
+        if not inverses:
             return  # all dead, as the row starts
-        if len(codes) == 1:  # one element (the common case): a state per live lexer target
+        native = self.lexer.native
+        if native is not None:
+            native.cfg_row(self, inverses, offsets, succ_sets, row)
+            return
+        if len(inverses) == 1:  # one element (the common case): a state per live lexer target
             ids = [self._intern(succ) for succ in succ_sets] + [-1]
-            np.asarray(ids, dtype=np.int32).take(codes[0], out=row)  # code -1 reads the last
+            np.asarray(ids, dtype=np.int32).take(inverses[0], out=row)  # -1 reads the last
             return
         # A group id per byte, equal where the columns are (renumbered densely, in increasing
         # order of key, after each element, so the mixed-radix key stays small), then one
-        # state per group, read from one byte of it.
+        # state per group (in increasing order of column), read from one byte of it.
+        codes = [
+            np.where(inv >= 0, inv + off, -1) for inv, off in zip(inverses, offsets, strict=True)
+        ]
         group = codes[0]
         for more in codes[1:]:
-            key = (group + 1) * (len(succ_sets) + 1) + (more + 1)  # all >= 1: none "dead"
-            live, group = byte_groups(key.astype(np.int32), self.lexer.native)
+            key = (group + 1) * (len(succ_sets) + 1) + (more + 1)  # all >= 0
+            live, group = byte_groups(key.astype(np.int32))
         some_byte = np.empty(len(live), dtype=np.intp)
         some_byte[group] = np.arange(256)
         ids = [
@@ -474,7 +492,7 @@ class GrammarAutomaton:
         return None  # its rows are the parser's, made by `_compute_row`
 
     def containers(self) -> list:
-        return [self._expand, self._groups, self._lex_start, *self.states.containers(),
+        return [self._expand, self._groups, self._lex_start, self._ints, *self.states.containers(),
                 *self.parser.containers(), *self.lexer.containers()]  # fmt: skip
 
     def is_accepting(self, state: int) -> bool:

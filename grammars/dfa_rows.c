@@ -1014,6 +1014,7 @@ static int c_repeat_moves(Ctx *c, PyObject *node, long k, long nxt, Longs *out) 
 /* `DfaTable.live(t, count, lo, hi)`: 1, 0, -1 on error; `known_live`'s tests here, the rest
  * (a narrow length window's suffix lengths) by the Python method */
 static int c_live(Ctx *c, PyObject *table, long t, long count, long lo, PyObject *hi_obj) {
+    if (hi_obj == Py_None && count >= lo) return 1; /* no bound left to miss */
     PyObject *shortest = PyObject_GetAttr(table, s_shortest);
     PyObject *longest = shortest == NULL ? NULL : PyObject_GetAttr(table, s_longest);
     PyObject *a = longest == NULL ? NULL : PySequence_GetItem(shortest, t);
@@ -1024,15 +1025,17 @@ static int c_live(Ctx *c, PyObject *table, long t, long count, long lo, PyObject
     Py_XDECREF(longest);
     Py_XDECREF(a);
     Py_XDECREF(b);
-    Py_ssize_t size = b == NULL ? -1 : PyObject_Length(table);
-    if (size < 0 || PyErr_Occurred()) return -1;
+    if (b == NULL || PyErr_Occurred()) return -1;
     long hi = hi_obj == Py_None ? 0 : PyLong_AsLong(hi_obj);
     if (hi == -1 && PyErr_Occurred()) return -1;
     if (hi_obj != Py_None && count + lo_len > hi) return 0;
     if (count >= lo) return 1;
     long need = lo - count;
     if (hi_len < need) return 0;
-    if (hi_obj == Py_None || hi - count >= need + size) return 1;
+    if (hi_obj == Py_None) return 1;
+    Py_ssize_t size = PyObject_Length(table); /* a Python __len__: read only when needed */
+    if (size < 0) return -1;
+    if (hi - count >= need + size) return 1;
     PyObject *check = PyObject_GetAttr(c->nfa, s_check);
     PyObject *tt = PyLong_FromLong(t), *cc = PyLong_FromLong(count), *ll = PyLong_FromLong(lo);
     PyObject *args[] = {table, tt, cc, ll, hi_obj, check}, *r = NULL;
@@ -1377,23 +1380,29 @@ static PyObject *closure(PyObject *self, PyObject *args) {
     return ctx_done(&c, budget, c_closure(&c, budget, states));
 }
 
-/* What a row reads of the DFA (`LazyDFA._parts`) and of its budget's limits. */
+/* What a row reads of the DFA (`LazyDFA._parts`), or of a grammar automaton's parser states
+ * (`GrammarAutomaton._parts`: the same without target sets), and of its budget's limits. */
 typedef struct {
-    PyObject *by_targets, *ids, *sets, *rows, *states, *budget;
-    PyObject *ints; /* the DFA states' shared ints (`state_int`) */
+    PyObject *by_targets, *ids, *sets, *rows, *states, *budget; /* by_targets: NULL if none */
+    PyObject *ints; /* the states' shared ints (`state_int`) */
     long max_states, max_state_size; /* LONG_MAX before the budget is bound */
 } Table;
 
-static int table_load(Table *d, PyObject *dfa) {
-    PyObject *parts = PyObject_GetAttr(dfa, s_parts), *limits = NULL;
+static int table_load(Table *d, PyObject *owner) {
+    PyObject *parts = PyObject_GetAttr(owner, s_parts), *limits = NULL;
     if (parts == NULL) return -1;
-    int ok = PyArg_ParseTuple(parts, "O!O!O!O!OOO!", &PyDict_Type, &d->by_targets, &PyDict_Type,
-                              &d->ids, &PyList_Type, &d->sets, &PyList_Type, &d->rows,
-                              &d->states, &d->budget, &PyList_Type, &d->ints);
-    Py_DECREF(parts); /* the DFA holds its parts */
+    d->by_targets = NULL;
+    int ok = PyTuple_Check(parts) && PyTuple_GET_SIZE(parts) == 7
+                 ? PyArg_ParseTuple(parts, "O!O!O!O!OOO!", &PyDict_Type, &d->by_targets,
+                                    &PyDict_Type, &d->ids, &PyList_Type, &d->sets, &PyList_Type,
+                                    &d->rows, &d->states, &d->budget, &PyList_Type, &d->ints)
+                 : PyArg_ParseTuple(parts, "O!O!O!OOO!", &PyDict_Type, &d->ids, &PyList_Type,
+                                    &d->sets, &PyList_Type, &d->rows, &d->states, &d->budget,
+                                    &PyList_Type, &d->ints);
+    Py_DECREF(parts); /* the owner holds its parts */
     if (!ok || (limits = PyObject_GetAttr(d->budget, s_limits)) == NULL) return -1;
     untrack(d->ints);
-    untrack_dict(d->by_targets, 0);
+    if (d->by_targets != NULL) untrack_dict(d->by_targets, 0);
     untrack_dict(d->ids, 0);
     d->max_states = d->max_state_size = LONG_MAX;
     if (limits != Py_None) {
@@ -1580,6 +1589,136 @@ static PyObject *fill_row(PyObject *self, PyObject *args) {
         out = ctx_done(&c, d.budget, out);
     }
     PyBuffer_Release(&buf);
+    return out;
+}
+
+/* ---- a context-free grammar's parser rows (`cfg.GrammarAutomaton._compute_row`) ---- */
+
+/* Lexicographic order of two columns of `n` codes (-1, dead, first). */
+static int cmp_codes(const int32_t *a, const int32_t *b, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (a[i] != b[i]) return a[i] < b[i] ? -1 : 1;
+    return 0;
+}
+
+/* The union of the successor sets `succ[code]` (sorted tuples of parser elements) of the codes
+ * in column `col` that are not -1, sorted, as a new tuple: one set is itself; none, (). */
+static PyObject *union_of(PyObject *succ, const int32_t *col, Py_ssize_t n) {
+    PyObject *only = NULL, *set = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (col[i] < 0) continue;
+        PyObject *t = PyList_GET_ITEM(succ, col[i]);
+        if (!PyTuple_Check(t)) {
+            PyErr_SetString(PyExc_TypeError, "cfg_row: a successor set is not a tuple");
+            Py_XDECREF(set);
+            return NULL;
+        }
+        if (only == NULL) {
+            only = t;
+            continue;
+        }
+        if (set == NULL && (set = PySet_New(only)) == NULL) return NULL;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(t); j++)
+            if (PySet_Add(set, PyTuple_GET_ITEM(t, j)) < 0) {
+                Py_DECREF(set);
+                return NULL;
+            }
+    }
+    if (set == NULL) return only == NULL ? PyTuple_New(0) : Py_NewRef(only);
+    PyObject *list = PySequence_List(set), *out = NULL;
+    Py_DECREF(set);
+    if (list != NULL && PyList_Sort(list) == 0) out = PyList_AsTuple(list);
+    Py_XDECREF(list);
+    return out;
+}
+
+/* cfg_row(automaton, inverses, offsets, successors, row): `GrammarAutomaton._compute_row` once
+ * its elements' lexer rows are read. Element k names, per byte, its lexer target's index among
+ * its live ones (`inverses[k]`, int32[256], -1: dead) plus `offsets[k]`, a code into
+ * `successors` (the parser elements each target leads to, a sorted tuple); each distinct column
+ * of codes (in increasing order, as the Python code interns them) becomes the state of its
+ * sets' union, interned into the automaton's states, and is written to `row` (int32[256]) for
+ * its bytes; a column of dead codes stays -1. */
+static PyObject *cfg_row(PyObject *self, PyObject *args) {
+    PyObject *automaton, *inverses, *offsets, *succ, *out = NULL;
+    Py_buffer row = {0}, *bufs = NULL;
+    if (!PyArg_ParseTuple(args, "OO!O!O!w*", &automaton, &PyList_Type, &inverses, &PyList_Type,
+                          &offsets, &PyList_Type, &succ, &row))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(inverses), have = 0, codes = PyList_GET_SIZE(succ);
+    int32_t *cols = NULL;
+    Table d;
+    Ctx c;
+    memset(&c, 0, sizeof(c));
+    if (row.len != 256 * (Py_ssize_t)sizeof(int32_t) || n == 0 || PyList_GET_SIZE(offsets) != n) {
+        PyErr_SetString(PyExc_ValueError,
+                        "cfg_row: an int32[256] row and as many offsets as lexer rows (one or more)");
+        goto done;
+    }
+    if (table_load(&d, automaton) < 0) goto done;
+    cols = malloc(256 * n * sizeof(int32_t));
+    bufs = calloc(n, sizeof(Py_buffer));
+    if (cols == NULL || bufs == NULL) {
+        PyErr_NoMemory();
+        goto charged;
+    }
+    for (; have < n; have++) {
+        long off = PyLong_AsLong(PyList_GET_ITEM(offsets, have));
+        if ((off == -1 && PyErr_Occurred()) ||
+            PyObject_GetBuffer(PyList_GET_ITEM(inverses, have), &bufs[have], PyBUF_C_CONTIGUOUS) < 0)
+            goto charged;
+        if (bufs[have].len != 256 * (Py_ssize_t)sizeof(int32_t)) {
+            have++; /* released below */
+            PyErr_SetString(PyExc_ValueError, "cfg_row: a lexer row's groups are not int32[256]");
+            goto charged;
+        }
+        const int32_t *inv = bufs[have].buf;
+        for (int b = 0; b < 256; b++) {
+            long code = inv[b] < 0 ? -1 : inv[b] + off;
+            if (code >= codes) {
+                have++;
+                PyErr_SetString(PyExc_IndexError, "cfg_row: a code past the successor sets");
+                goto charged;
+            }
+            cols[b * n + have] = (int32_t)code;
+        }
+    }
+    /* the distinct columns in the order met (runs of equal bytes are common), then sorted */
+    int group[256], reps[256], order[256], ng = 0;
+    for (int b = 0; b < 256; b++) {
+        if (b > 0 && cmp_codes(cols + b * n, cols + (b - 1) * n, n) == 0) {
+            group[b] = group[b - 1];
+            continue;
+        }
+        int g = 0;
+        while (g < ng && cmp_codes(cols + b * n, cols + reps[g] * n, n) != 0) g++;
+        if (g == ng) reps[ng++] = b;
+        group[b] = g;
+    }
+    for (int i = 0; i < ng; i++) {
+        int j = i;
+        for (; j > 0 && cmp_codes(cols + reps[order[j - 1]] * n, cols + reps[i] * n, n) > 0; j--)
+            order[j] = order[j - 1];
+        order[j] = i;
+    }
+    long ids[256];
+    for (int i = 0; i < ng; i++) {
+        int g = order[i];
+        PyObject *key = union_of(succ, cols + reps[g] * n, n);
+        if (key == NULL) goto charged;
+        ids[g] = PyTuple_GET_SIZE(key) == 0 ? -1 : c_intern(&c, &d, key);
+        Py_DECREF(key);
+        if (ids[g] == ERR) goto charged;
+    }
+    for (int b = 0; b < 256; b++) ((int32_t *)row.buf)[b] = (int32_t)ids[group[b]];
+    out = Py_NewRef(Py_None);
+charged:
+    out = ctx_done(&c, d.budget, out);
+done:
+    for (Py_ssize_t k = 0; k < have; k++) PyBuffer_Release(&bufs[k]);
+    free(bufs);
+    free(cols);
+    PyBuffer_Release(&row);
     return out;
 }
 
@@ -1824,6 +1963,7 @@ static PyMethodDef methods[] = {
     {"closure", closure, METH_VARARGS, "LazyDFA.closure of a tuple of NFA states."},
     {"fill_row", fill_row, METH_VARARGS, "LazyDFA._compute_row into an int32[256] buffer."},
     {"byte_groups", byte_groups, METH_VARARGS, "LazyDFA.byte_groups of an int32[256] row."},
+    {"cfg_row", cfg_row, METH_VARARGS, "GrammarAutomaton._compute_row from its lexer rows."},
     {NULL, NULL, 0, NULL},
 };
 

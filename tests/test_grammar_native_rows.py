@@ -5,6 +5,7 @@ the clock) comes through."""
 
 import gc
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,10 +14,11 @@ from tiny_models import tiny_tokenizer
 from radixflow.grammars import GrammarCompiler, native_build, native_rows, nfa
 from radixflow.grammars.automaton import RegexAutomaton
 from radixflow.grammars.budget import GrammarBudgetExceeded, GrammarLimits
-from radixflow.grammars.cfg import GrammarAutomaton
+from radixflow.grammars.cfg import GrammarAutomaton, bnf_from_ebnf
 from radixflow.grammars.json_schema import schema_to_ir
 from radixflow.grammars.json_schema_memo import shared_memo
 from radixflow.grammars.json_schema_resolve import canonical_schema
+from radixflow.grammars.lark_import import lark_to_bnf
 from radixflow.grammars.nfa import Deadline
 from radixflow.grammars.regex_ir import Alt, Ref, Repeat, Seq
 from radixflow.grammars.regex_parse import parse_regex
@@ -198,6 +200,61 @@ RECURSIVE = {
 }
 
 
+GRAMMARS_DIR = Path(nfa.__file__).parent
+CFG_SOURCES = {
+    "recursive schema": RECURSIVE,
+    "recursive schema, free names": {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string"},
+                    "idx": {"type": "integer"},
+                    "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+                },
+                "additionalProperties": {"type": "number"},
+            }
+        },
+        "$ref": "#/$defs/node",
+    },
+    "json.lark": "json.lark",
+    "arithmetic.lark": "arithmetic.lark",
+}
+
+
+def cfg_automaton(source) -> GrammarAutomaton:
+    if isinstance(source, str):
+        return GrammarAutomaton(lark_to_bnf((GRAMMARS_DIR / source).read_text()))
+    ir, defs = schema_to_ir(canonical_schema(source), None, Deadline(None))
+    assert defs  # recursive: rules, not one regex
+    return GrammarAutomaton(bnf_from_ebnf({"start": ir, **defs}, "start"))
+
+
+def cfg_both(name: str, monkeypatch) -> tuple[GrammarAutomaton, GrammarAutomaton]:
+    """`cfg_automaton` of `CFG_SOURCES[name]` with rows in C, then with the Python code."""
+    with_c = cfg_automaton(CFG_SOURCES[name])
+    with monkeypatch.context() as m:
+        m.setattr(nfa, "dfa_rows", lambda: None)
+        twin = cfg_automaton(CFG_SOURCES[name])
+    assert with_c.lexer.native is not None and twin.lexer.native is None
+    return with_c, twin
+
+
+@pytest.mark.parametrize("name", CFG_SOURCES)
+def test_parser_rows_in_c_are_the_python_codes(native, monkeypatch, name):
+    """A context-free grammar's parser rows (`cfg_row`: lexer targets in the same Earley set,
+    terminals that end and start anew, states of several elements) have the same parser
+    states, numbered alike, and the same bytes charged as the Python code's."""
+    with_c, twin = cfg_both(name, monkeypatch)
+    rows_c, rows_twin = explored(with_c), explored(twin)
+    assert len(rows_c) == len(rows_twin) > 20
+    for a, b in zip(rows_c, rows_twin, strict=True):
+        assert np.array_equal(a, b)
+    assert with_c.sets == twin.sets
+    assert max(map(len, with_c.sets)) > 1  # states of several elements were made
+    assert with_c.budget.nbytes == twin.budget.nbytes
+
+
 def test_a_recursive_grammar_stays_out_of_the_cyclic_collector(native):
     """A recursive schema's rules (IR with `Ref`s, which the sub-schema memo keeps), the
     lexer's waiting entries Python made while compiling, its parser states, their rows and the
@@ -286,6 +343,18 @@ def test_a_budget_raised_inside_comes_through(native, monkeypatch):
         assert len(automaton.dfa.sets) <= 40
     assert with_c.dfa.sets == twin.dfa.sets
     assert np.array_equal(with_c.row(with_c.initial), twin.row(twin.initial))
+
+
+def test_a_parser_state_limit_raised_inside_comes_through(native, monkeypatch):
+    """`max_states` reached while C makes a grammar's parser row (`cfg_row`) raises from the
+    Python code it calls back into, as the Python code raises it, with the same states made."""
+    with_c, twin = cfg_both("recursive schema, free names", monkeypatch)
+    for automaton in (with_c, twin):
+        automaton.budget.bind(GrammarLimits(max_states=30))
+        with pytest.raises(GrammarBudgetExceeded, match=r"30 automaton states \(max_states\)"):
+            explored(automaton)
+        assert 20 < len(automaton.sets) <= 30
+    assert with_c.sets == twin.sets
 
 
 def test_the_bytes_a_row_builds_count_against_the_budget(native, monkeypatch):
