@@ -32,9 +32,10 @@ class ByteAutomaton(Protocol):
     def containers(self) -> list: ...
 
     @property
-    def native_dfa(self) -> LazyDFA | None:
-        """The DFA whose rows are this automaton's, where C computes them: the C trie walk
-        then makes a missing row itself instead of calling `row`."""
+    def native_rows(self) -> object | None:
+        """What holds this automaton's rows where C computes them (a regex's `LazyDFA`, a
+        grammar automaton itself): the C trie walk then makes a missing row itself instead
+        of calling `row`."""
 
 
 class RegexAutomaton:
@@ -65,7 +66,7 @@ class RegexAutomaton:
         return self.dfa.containers()
 
     @property
-    def native_dfa(self) -> LazyDFA | None:
+    def native_rows(self) -> LazyDFA | None:
         return self.dfa if self.dfa.native is not None else None
 
     def is_accepting(self, state: int) -> bool:

@@ -380,9 +380,10 @@ class GrammarAutomaton:
         self.states = StateRows(self.budget, "parser positions")
         self.sets = self.states.sets
         self._ints: list[int] = []  # the C rows' int object of each state number, shared
-        # what the C rows (`dfa_rows.cfg_row`) read of the parser states, in one attribute
-        self._parts = (self.states._ids, self.sets, self.states._rows, self.states, self.budget,
-                       self._ints)  # fmt: skip
+        # what the C rows (`dfa_rows.cfg_row`) read of the parser states, in `LazyDFA._parts`'
+        # layout (no target sets: None)
+        self._parts = (None, self.states._ids, self.sets, self.states._rows, self.states,
+                       self.budget, self._ints)  # fmt: skip
         self.lock = threading.RLock()
         self.initial = self._intern(self._fresh(self.parser.root))
         if self.initial < 0:
@@ -437,38 +438,35 @@ class GrammarAutomaton:
         return got
 
     def _compute_row(self, state: int, row: np.ndarray) -> None:
+        native = self.lexer.native
+        if native is not None:  # the same steps in C (`dfa_rows.cfg_row`)
+            native.cfg_row(self, state, row)
+            return
         # Each element's lexer row names, per byte, a code into `succ_sets` (its live target's
         # index plus the element's offset; -1: dead); the bytes whose columns of codes are
         # equal go to one interned state, the union of the sets they name.
-        inverses, offsets, succ_sets = [], [], []
+        codes, succ_sets = [], []
         for node, lex, _ in self.sets[state]:
             if lex < 0:
                 continue
             live, inverse, inside = self._lex_groups(lex)
             if not live:
                 continue
-            inverses.append(inverse)
-            offsets.append(len(succ_sets))
+            offset = len(succ_sets)
             if inside:  # no target ends a terminal: the same Earley set goes on reading
                 succ_sets.extend(((node, v, False),) for v in live)
             else:
                 succ_sets.extend(self._successors(node, v) for v in live)
-        if not inverses:
+            codes.append(np.where(inverse >= 0, inverse + offset, -1) if offset else inverse)
+        if not codes:
             return  # all dead, as the row starts
-        native = self.lexer.native
-        if native is not None:
-            native.cfg_row(self, inverses, offsets, succ_sets, row)
-            return
-        if len(inverses) == 1:  # one element (the common case): a state per live lexer target
+        if len(codes) == 1:  # one element (the common case): a state per live lexer target
             ids = [self._intern(succ) for succ in succ_sets] + [-1]
-            np.asarray(ids, dtype=np.int32).take(inverses[0], out=row)  # -1 reads the last
+            np.asarray(ids, dtype=np.int32).take(codes[0], out=row)  # -1 reads the last
             return
         # A group id per byte, equal where the columns are (renumbered densely, in increasing
         # order of key, after each element, so the mixed-radix key stays small), then one
         # state per group (in increasing order of column), read from one byte of it.
-        codes = [
-            np.where(inv >= 0, inv + off, -1) for inv, off in zip(inverses, offsets, strict=True)
-        ]
         group = codes[0]
         for more in codes[1:]:
             key = (group + 1) * (len(succ_sets) + 1) + (more + 1)  # all >= 0
@@ -488,8 +486,8 @@ class GrammarAutomaton:
         return self.states.pointers
 
     @property
-    def native_dfa(self) -> None:
-        return None  # its rows are the parser's, made by `_compute_row`
+    def native_rows(self) -> GrammarAutomaton | None:
+        return self if self.lexer.native is not None else None
 
     def containers(self) -> list:
         return [self._expand, self._groups, self._lex_start, self._ints, *self.states.containers(),

@@ -35,7 +35,8 @@ static PyObject *s_items, *s_item, *s_ranges, *s_facts, *s_tail, *s_parts, *s_ch
     *s_new_state, *s_add, *s_check, *s_dead, *s_intern, *s_counted, *s_body_ir, *s_live, *s_hi,
     *s_lo, *s_table, *s_start, *s_accepting, *s_moves, *s_shortest, *s_longest, *s_row,
     *s_row_pointers, *s_limits, *s_max_states, *s_max_state_size, *s_pointers, *s_states, *s_nfa,
-    *s_block, *s_next, *s_new_block, *s_check_time, *s_end, *s_cap;
+    *s_block, *s_next, *s_new_block, *s_check_time, *s_end, *s_cap, *s_groups, *s_lexer,
+    *s_successors, *s_tags_kept, *s_tags;
 
 typedef struct {
     long lo, hi, t;
@@ -1381,7 +1382,7 @@ static PyObject *closure(PyObject *self, PyObject *args) {
 }
 
 /* What a row reads of the DFA (`LazyDFA._parts`), or of a grammar automaton's parser states
- * (`GrammarAutomaton._parts`: the same without target sets), and of its budget's limits. */
+ * (`GrammarAutomaton._parts`: None for target sets), and of its budget's limits. */
 typedef struct {
     PyObject *by_targets, *ids, *sets, *rows, *states, *budget; /* by_targets: NULL if none */
     PyObject *ints; /* the states' shared ints (`state_int`) */
@@ -1391,15 +1392,16 @@ typedef struct {
 static int table_load(Table *d, PyObject *owner) {
     PyObject *parts = PyObject_GetAttr(owner, s_parts), *limits = NULL;
     if (parts == NULL) return -1;
-    d->by_targets = NULL;
-    int ok = PyTuple_Check(parts) && PyTuple_GET_SIZE(parts) == 7
-                 ? PyArg_ParseTuple(parts, "O!O!O!O!OOO!", &PyDict_Type, &d->by_targets,
-                                    &PyDict_Type, &d->ids, &PyList_Type, &d->sets, &PyList_Type,
-                                    &d->rows, &d->states, &d->budget, &PyList_Type, &d->ints)
-                 : PyArg_ParseTuple(parts, "O!O!O!OOO!", &PyDict_Type, &d->ids, &PyList_Type,
-                                    &d->sets, &PyList_Type, &d->rows, &d->states, &d->budget,
-                                    &PyList_Type, &d->ints);
+    int ok = PyArg_ParseTuple(parts, "OO!O!O!OOO!", &d->by_targets, &PyDict_Type, &d->ids,
+                              &PyList_Type, &d->sets, &PyList_Type, &d->rows, &d->states,
+                              &d->budget, &PyList_Type, &d->ints);
     Py_DECREF(parts); /* the owner holds its parts */
+    if (ok && d->by_targets == Py_None) {
+        d->by_targets = NULL;
+    } else if (ok && !PyDict_Check(d->by_targets)) {
+        PyErr_SetString(PyExc_TypeError, "dfa_rows: target sets are not a dict");
+        return -1;
+    }
     if (!ok || (limits = PyObject_GetAttr(d->budget, s_limits)) == NULL) return -1;
     untrack(d->ints);
     if (d->by_targets != NULL) untrack_dict(d->by_targets, 0);
@@ -1594,6 +1596,39 @@ static PyObject *fill_row(PyObject *self, PyObject *args) {
 
 /* ---- a context-free grammar's parser rows (`cfg.GrammarAutomaton._compute_row`) ---- */
 
+/* The targets of row `r` other than its least when that is dead (negative), in increasing
+ * order, into `sorted` (their number returned); each byte's index among them into `inv` (-1
+ * for the dead target). Rows have few targets, in runs of equal bytes: the distinct ones in
+ * the order met, then sorted by insertion with their ranks; no comparator calls. */
+static int row_groups(const int32_t *r, int32_t *inv, long *sorted) {
+    long values[256];
+    int met[256], rank[256], order[256], n = 0;
+    for (int b = 0; b < 256; b++) {
+        if (b > 0 && r[b] == r[b - 1]) {
+            met[b] = met[b - 1];
+            continue;
+        }
+        int j = 0;
+        while (j < n && values[j] != r[b]) j++;
+        if (j == n) values[n++] = r[b];
+        met[b] = j;
+    }
+    for (int i = 0; i < n; i++) {
+        int j = i;
+        for (; j > 0 && values[order[j - 1]] > values[i]; j--) order[j] = order[j - 1];
+        order[j] = i;
+    }
+    for (int i = 0; i < n; i++) {
+        rank[order[i]] = i;
+        sorted[i] = values[order[i]];
+    }
+    int first = sorted[0] < 0; /* the dead target is not a group */
+    for (int b = 0; b < 256; b++) inv[b] = rank[met[b]] - first;
+    if (first) memmove(sorted, sorted + 1, (n - 1) * sizeof(long));
+    return n - first;
+}
+
+
 /* Lexicographic order of two columns of `n` codes (-1, dead, first). */
 static int cmp_codes(const int32_t *a, const int32_t *b, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++)
@@ -1632,60 +1667,15 @@ static PyObject *union_of(PyObject *succ, const int32_t *col, Py_ssize_t n) {
     return out;
 }
 
-/* cfg_row(automaton, inverses, offsets, successors, row): `GrammarAutomaton._compute_row` once
- * its elements' lexer rows are read. Element k names, per byte, its lexer target's index among
- * its live ones (`inverses[k]`, int32[256], -1: dead) plus `offsets[k]`, a code into
- * `successors` (the parser elements each target leads to, a sorted tuple); each distinct column
- * of codes (in increasing order, as the Python code interns them) becomes the state of its
- * sets' union, interned into the automaton's states, and is written to `row` (int32[256]) for
- * its bytes; a column of dead codes stays -1. */
-static PyObject *cfg_row(PyObject *self, PyObject *args) {
-    PyObject *automaton, *inverses, *offsets, *succ, *out = NULL;
-    Py_buffer row = {0}, *bufs = NULL;
-    if (!PyArg_ParseTuple(args, "OO!O!O!w*", &automaton, &PyList_Type, &inverses, &PyList_Type,
-                          &offsets, &PyList_Type, &succ, &row))
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(inverses), have = 0, codes = PyList_GET_SIZE(succ);
-    int32_t *cols = NULL;
-    Table d;
-    Ctx c;
-    memset(&c, 0, sizeof(c));
-    if (row.len != 256 * (Py_ssize_t)sizeof(int32_t) || n == 0 || PyList_GET_SIZE(offsets) != n) {
-        PyErr_SetString(PyExc_ValueError,
-                        "cfg_row: an int32[256] row and as many offsets as lexer rows (one or more)");
-        goto done;
-    }
-    if (table_load(&d, automaton) < 0) goto done;
-    cols = malloc(256 * n * sizeof(int32_t));
-    bufs = calloc(n, sizeof(Py_buffer));
-    if (cols == NULL || bufs == NULL) {
-        PyErr_NoMemory();
-        goto charged;
-    }
-    for (; have < n; have++) {
-        long off = PyLong_AsLong(PyList_GET_ITEM(offsets, have));
-        if ((off == -1 && PyErr_Occurred()) ||
-            PyObject_GetBuffer(PyList_GET_ITEM(inverses, have), &bufs[have], PyBUF_C_CONTIGUOUS) < 0)
-            goto charged;
-        if (bufs[have].len != 256 * (Py_ssize_t)sizeof(int32_t)) {
-            have++; /* released below */
-            PyErr_SetString(PyExc_ValueError, "cfg_row: a lexer row's groups are not int32[256]");
-            goto charged;
-        }
-        const int32_t *inv = bufs[have].buf;
-        for (int b = 0; b < 256; b++) {
-            long code = inv[b] < 0 ? -1 : inv[b] + off;
-            if (code >= codes) {
-                have++;
-                PyErr_SetString(PyExc_IndexError, "cfg_row: a code past the successor sets");
-                goto charged;
-            }
-            cols[b * n + have] = (int32_t)code;
-        }
-    }
-    /* the distinct columns in the order met (runs of equal bytes are common), then sorted */
+/* Writes into `row` (int32[256]) the parser row whose elements' lexer rows give, per byte, the
+ * codes `cols[b * n + k]` (element k's live target's index plus its offset into `succ`; -1:
+ * dead): each distinct column of codes, in increasing order as the Python code interns them,
+ * becomes the state of the union of the successor sets it names (a column of dead codes, -1).
+ * 0, or -1 on error. */
+static int c_columns_row(Ctx *c, Table *d, const int32_t *cols, Py_ssize_t n, PyObject *succ,
+                         int32_t *row) {
     int group[256], reps[256], order[256], ng = 0;
-    for (int b = 0; b < 256; b++) {
+    for (int b = 0; b < 256; b++) { /* the distinct columns in the order met; runs are common */
         if (b > 0 && cmp_codes(cols + b * n, cols + (b - 1) * n, n) == 0) {
             group[b] = group[b - 1];
             continue;
@@ -1705,19 +1695,217 @@ static PyObject *cfg_row(PyObject *self, PyObject *args) {
     for (int i = 0; i < ng; i++) {
         int g = order[i];
         PyObject *key = union_of(succ, cols + reps[g] * n, n);
-        if (key == NULL) goto charged;
-        ids[g] = PyTuple_GET_SIZE(key) == 0 ? -1 : c_intern(&c, &d, key);
+        if (key == NULL) return -1;
+        ids[g] = PyTuple_GET_SIZE(key) == 0 ? -1 : c_intern(c, d, key);
         Py_DECREF(key);
-        if (ids[g] == ERR) goto charged;
+        if (ids[g] == ERR) return -1;
     }
-    for (int b = 0; b < 256; b++) ((int32_t *)row.buf)[b] = (int32_t)ids[group[b]];
-    out = Py_NewRef(Py_None);
-charged:
-    out = ctx_done(&c, d.budget, out);
+    for (int b = 0; b < 256; b++) row[b] = (int32_t)ids[group[b]];
+    return 0;
+}
+
+/* ((node, v, False),): the successors of lexer target `v` inside a lexeme of Earley set `node`
+ * (a new tuple) */
+static PyObject *inside_successors(PyObject *ints, PyObject *node, long v) {
+    PyObject *x = state_int(ints, v), *elem = x == NULL ? NULL : PyTuple_Pack(3, node, x, Py_False);
+    PyObject *out = elem == NULL ? NULL : PyTuple_Pack(1, elem);
+    Py_XDECREF(x);
+    Py_XDECREF(elem);
+    return out;
+}
+
+static int dfa_row(PyObject *dfa, long state);
+
+/* `GrammarAutomaton._lex_groups(lex)`'s entry, made in C: the lexer's row (`dfa_row` when not
+ * made yet), its byte groups (`row_groups`) and whether none of its live targets ends a
+ * terminal, each target's tags read until one does and kept in the lexer's `_tags` as
+ * `LazyDFA.tags` keeps them; the bytes charged to `c` as the Python methods charge them. A new
+ * (live, inverse, inside) tuple, the inverse as the bytes of an int32[256]; NULL on error. */
+static PyObject *c_lex_groups(Ctx *c, PyObject *lexer, long lex) {
+    Table d;
+    PyObject *pointers = NULL, *kept = NULL, *nfa = NULL, *tags = NULL, *live = NULL;
+    PyObject *inverse = NULL, *out = NULL;
+    Py_buffer at = {0};
+    if (table_load(&d, lexer) < 0) return NULL;
+    PyObject *made = PyList_GetItem(d.rows, lex); /* borrowed */
+    if (made == NULL || (made == Py_None && dfa_row(lexer, lex) < 0) ||
+        (pointers = PyObject_GetAttr(d.states, s_pointers)) == NULL ||
+        PyObject_GetBuffer(pointers, &at, PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    if (at.len < (Py_ssize_t)((lex + 1) * sizeof(int64_t)) || ((int64_t *)at.buf)[lex] == 0) {
+        PyErr_SetString(PyExc_IndexError, "dfa_rows: a lexer row without an address");
+        goto done;
+    }
+    const int32_t *row = (const int32_t *)(intptr_t)((int64_t *)at.buf)[lex];
+    int32_t inv[256];
+    long sorted[256];
+    int n = row_groups(row, inv, sorted), inside = 1;
+    if ((kept = PyObject_GetAttr(lexer, s_tags_kept)) == NULL || !PyDict_Check(kept) ||
+        (nfa = PyObject_GetAttr(lexer, s_nfa)) == NULL || (tags = PyObject_GetAttr(nfa, s_tags)) == NULL ||
+        !PyDict_Check(tags)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "dfa_rows: a lexer's tags are not dicts");
+        goto done;
+    }
+    for (int i = 0; i < n && inside; i++) {
+        PyObject *key = state_int(d.ints, sorted[i]), *got = NULL;
+        if (key == NULL) goto done;
+        got = PyDict_GetItemWithError(kept, key);
+        if (got == NULL && !PyErr_Occurred()) { /* `LazyDFA.tags(v)`: its accepting NFA states' tags */
+            PyObject *set = PyList_GetItem(d.sets, sorted[i]), *found = PyList_New(0), *t = NULL;
+            for (Py_ssize_t j = 0; set != NULL && found != NULL && j < PyTuple_GET_SIZE(set); j++) {
+                PyObject *tag = PyDict_GetItemWithError(tags, PyTuple_GET_ITEM(set, j));
+                if (tag != NULL ? PyList_Append(found, tag) < 0 : PyErr_Occurred() != NULL) Py_CLEAR(found);
+            }
+            if (set != NULL && found != NULL && (t = PyList_AsTuple(found)) != NULL) {
+                untrack_atoms(t);
+                if (PyDict_SetItem(kept, key, t) == 0) {
+                    got = t; /* the dict holds it */
+                    c->table_bytes += tuple_base + tuple_item * PyTuple_GET_SIZE(t) + entry_bytes;
+                }
+            }
+            Py_XDECREF(found);
+            Py_XDECREF(t);
+        }
+        Py_DECREF(key);
+        if (got == NULL) goto done;
+        inside = PyTuple_GET_SIZE(got) == 0;
+    }
+    if ((live = tuple_of(d.ints, sorted, n)) == NULL ||
+        (inverse = PyBytes_FromStringAndSize((const char *)inv, sizeof(inv))) == NULL)
+        goto done;
+    untrack_atoms(live);
+    out = PyTuple_Pack(3, live, inverse, inside ? Py_True : Py_False);
+    if (out != NULL) {
+        untrack_atoms(out);
+        c->table_bytes += (long)sizeof(inv) + 8 * n + entry_bytes;
+    }
+done:
+    if (at.obj != NULL) PyBuffer_Release(&at);
+    Py_XDECREF(pointers);
+    Py_XDECREF(kept);
+    Py_XDECREF(nfa);
+    Py_XDECREF(tags);
+    Py_XDECREF(live);
+    Py_XDECREF(inverse);
+    return out;
+}
+
+/* `GrammarAutomaton._compute_row` of parser state `state` into `row`: per element (Earley set
+ * `node`, lexer state `lex`, ...), its lexer row's byte groups (`_groups`, `c_lex_groups` when
+ * missing) and each live target's successors (the same Earley set
+ * reading on where no target ends a terminal, else the Python method `_successors`), then one
+ * state per distinct column of codes (`c_columns_row`). 0, or -1 on error. */
+static int c_parser_fill(Ctx *c, Table *d, PyObject *automaton, long state, int32_t *row) {
+    PyObject *elems = PyList_GetItem(d->sets, state), *groups = NULL, *lexer = NULL, *succ = NULL;
+    Py_buffer *bufs = NULL;
+    int32_t *cols = NULL;
+    Py_ssize_t n = 0, have = 0;
+    int ok = -1;
+    if (elems == NULL || !PyTuple_Check(elems)) {
+        if (elems != NULL) PyErr_SetString(PyExc_TypeError, "dfa_rows: a parser state is not a tuple");
+        return -1;
+    }
+    Py_ssize_t size = PyTuple_GET_SIZE(elems);
+    if ((groups = PyObject_GetAttr(automaton, s_groups)) == NULL || !PyDict_Check(groups) ||
+        (lexer = PyObject_GetAttr(automaton, s_lexer)) == NULL || (succ = PyList_New(0)) == NULL ||
+        (bufs = calloc(size ? size : 1, sizeof(Py_buffer))) == NULL ||
+        (cols = malloc(256 * (size ? size : 1) * sizeof(int32_t))) == NULL) {
+        if (!PyErr_Occurred()) {
+            if (groups != NULL && !PyDict_Check(groups)) PyErr_SetString(PyExc_TypeError, "dfa_rows: _groups is not a dict");
+            else PyErr_NoMemory();
+        }
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < size; k++) {
+        PyObject *elem = PyTuple_GET_ITEM(elems, k);
+        if (!PyTuple_Check(elem) || PyTuple_GET_SIZE(elem) != 3) {
+            PyErr_SetString(PyExc_TypeError, "dfa_rows: a parser element is not (node, lex, fresh)");
+            goto done;
+        }
+        PyObject *node = PyTuple_GET_ITEM(elem, 0), *lex = PyTuple_GET_ITEM(elem, 1);
+        long lex_n = PyLong_AsLong(lex);
+        if (lex_n == -1 && PyErr_Occurred()) goto done;
+        if (lex_n < 0) continue;
+        PyObject *g = PyDict_GetItemWithError(groups, lex), *made = NULL;
+        if (g == NULL) {
+            if (PyErr_Occurred() || (made = c_lex_groups(c, lexer, lex_n)) == NULL ||
+                PyDict_SetItem(groups, lex, made) < 0) {
+                Py_XDECREF(made);
+                goto done;
+            }
+            g = made;
+        }
+        PyObject *live = PyTuple_Check(g) && PyTuple_GET_SIZE(g) == 3 ? PyTuple_GET_ITEM(g, 0) : NULL;
+        int inside = live == NULL ? -1 : PyObject_IsTrue(PyTuple_GET_ITEM(g, 2));
+        if (live == NULL || !PyTuple_Check(live) || inside < 0 ||
+            PyObject_GetBuffer(PyTuple_GET_ITEM(g, 1), &bufs[n], PyBUF_C_CONTIGUOUS) < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "dfa_rows: a lexer row's groups are not (live, inverse, inside)");
+            Py_XDECREF(made);
+            goto done;
+        }
+        have = n + 1;
+        long offset = PyList_GET_SIZE(succ);
+        const int32_t *inv = bufs[n].buf;
+        int bad = bufs[n].len != 256 * (Py_ssize_t)sizeof(int32_t);
+        for (int b = 0; !bad && b < 256; b++) {
+            bad = inv[b] >= PyTuple_GET_SIZE(live);
+            cols[b * size + n] = inv[b] < 0 ? -1 : (int32_t)(inv[b] + offset);
+        }
+        for (Py_ssize_t i = 0; !bad && i < PyTuple_GET_SIZE(live); i++) {
+            long v = PyLong_AsLong(PyTuple_GET_ITEM(live, i));
+            PyObject *out = NULL;
+            if (v == -1 && PyErr_Occurred()) {
+                bad = 1;
+            } else if (inside) {
+                out = inside_successors(d->ints, node, v);
+            } else {
+                PyObject *args[] = {automaton, node, PyTuple_GET_ITEM(live, i)};
+                out = call(s_successors, args, 3);
+            }
+            if (!bad && (out == NULL || PyList_Append(succ, out) < 0)) bad = 1;
+            Py_XDECREF(out);
+        }
+        Py_XDECREF(made);
+        if (bad) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "dfa_rows: a lexer row's groups do not fit");
+            goto done;
+        }
+        n++;
+    }
+    if (n == 0) {
+        ok = 0; /* all dead, as the row starts */
+    } else {
+        if (n < size) /* the columns are `size` wide: narrow them to the `n` elements read */
+            for (int b = 0; b < 256; b++) memmove(cols + b * n, cols + b * size, n * sizeof(int32_t));
+        ok = c_columns_row(c, d, cols, n, succ, row);
+    }
 done:
     for (Py_ssize_t k = 0; k < have; k++) PyBuffer_Release(&bufs[k]);
     free(bufs);
     free(cols);
+    Py_XDECREF(succ);
+    Py_XDECREF(lexer);
+    Py_XDECREF(groups);
+    return ok;
+}
+
+/* cfg_row(automaton, state, row): `GrammarAutomaton._compute_row` (`c_parser_fill`) into `row`
+ * (an int32[256] buffer of -1s). */
+static PyObject *cfg_row(PyObject *self, PyObject *args) {
+    PyObject *automaton, *out = NULL;
+    long state;
+    Py_buffer row;
+    if (!PyArg_ParseTuple(args, "Olw*", &automaton, &state, &row)) return NULL;
+    Table d;
+    Ctx c;
+    memset(&c, 0, sizeof(c));
+    if (row.len != 256 * (Py_ssize_t)sizeof(int32_t)) {
+        PyErr_SetString(PyExc_ValueError, "cfg_row: the row must be an int32[256] buffer");
+    } else if (table_load(&d, automaton) == 0) {
+        if (c_parser_fill(&c, &d, automaton, state, row.buf) == 0) out = Py_NewRef(Py_None);
+        out = ctx_done(&c, d.budget, out);
+    }
     PyBuffer_Release(&row);
     return out;
 }
@@ -1733,35 +1921,9 @@ static PyObject *byte_groups(PyObject *self, PyObject *args) {
     if (row.len != 256 * (Py_ssize_t)sizeof(int32_t) || inverse.len != row.len) {
         PyErr_SetString(PyExc_ValueError, "byte_groups: rows must be int32[256] buffers");
     } else {
-        const int32_t *r = row.buf;
-        int32_t *inv = inverse.buf;
-        /* Rows have few targets, in runs of equal bytes: the distinct ones in the order met,
-         * then sorted by insertion with their ranks; no comparator calls. */
-        long values[256];
-        int met[256], rank[256], order[256], n = 0;
-        for (int b = 0; b < 256; b++) {
-            if (b > 0 && r[b] == r[b - 1]) {
-                met[b] = met[b - 1];
-                continue;
-            }
-            int j = 0;
-            while (j < n && values[j] != r[b]) j++;
-            if (j == n) values[n++] = r[b];
-            met[b] = j;
-        }
-        for (int i = 0; i < n; i++) {
-            int j = i;
-            for (; j > 0 && values[order[j - 1]] > values[i]; j--) order[j] = order[j - 1];
-            order[j] = i;
-        }
         long sorted[256];
-        for (int i = 0; i < n; i++) {
-            rank[order[i]] = i;
-            sorted[i] = values[order[i]];
-        }
-        int first = sorted[0] < 0; /* the dead target is not a group */
-        for (int b = 0; b < 256; b++) inv[b] = rank[met[b]] - first;
-        out = tuple_of(NULL, sorted + first, n - first);
+        int n = row_groups(row.buf, inverse.buf, sorted);
+        out = tuple_of(NULL, sorted, n);
     }
     PyBuffer_Release(&row);
     PyBuffer_Release(&inverse);
@@ -1802,8 +1964,9 @@ static int check_time(PyObject *budget) {
     return r == NULL ? -1 : 0;
 }
 
-/* `StateRows.row` of `state` with `LazyDFA._compute_row` (`fill_row`) of `dfa`, the steps of
- * both without their Python frames, for the trie walk of a regex automaton: the clock checked,
+/* `StateRows.row` of `state` with `LazyDFA._compute_row` (`fill_row`) of `dfa`, or with a
+ * grammar automaton's `_compute_row` (`c_parser_fill`) where `dfa` is one, the steps of both
+ * without their Python frames, for the trie walk: the clock checked,
  * the row written into the next free row of the states' block (a new block from
  * `StateRows._new_block` when it is full; the row is taken before it is written, as there), the
  * row's bytes charged, (block, index) kept in `_rows` for `StateRows.row` to view, and its
@@ -1814,8 +1977,9 @@ static int dfa_row(PyObject *dfa, long state) {
     int ok = -1;
     Table d;
     Ctx c;
-    if (states == NULL || (nfa = PyObject_GetAttr(dfa, s_nfa)) == NULL || table_load(&d, dfa) < 0)
-        goto done;
+    if (states == NULL || table_load(&d, dfa) < 0) goto done;
+    int parser = d.by_targets == NULL; /* a grammar automaton's parser states */
+    if (!parser && (nfa = PyObject_GetAttr(dfa, s_nfa)) == NULL) goto done;
     PyObject *set = PyList_GetItem(d.sets, state); /* borrowed */
     if (set == NULL || !PyTuple_Check(set)) {
         if (set != NULL) PyErr_SetString(PyExc_TypeError, "dfa_rows: a DFA state is not a tuple");
@@ -1840,8 +2004,13 @@ static int dfa_row(PyObject *dfa, long state) {
     Py_CLEAR(r);
     int32_t *row = (int32_t *)rows.buf + 256 * next;
     memset(row, 0xff, 256 * sizeof(int32_t)); /* -1s: blocks are left as allocated */
-    if (ctx_load(&c, nfa) < 0) goto done;
-    PyObject *filled = c_fill_row(&c, &d, set, row) == 0 ? Py_NewRef(Py_None) : NULL;
+    if (parser) {
+        memset(&c, 0, sizeof(c));
+    } else if (ctx_load(&c, nfa) < 0) {
+        goto done;
+    }
+    int made = parser ? c_parser_fill(&c, &d, dfa, state, row) : c_fill_row(&c, &d, set, row);
+    PyObject *filled = made == 0 ? Py_NewRef(Py_None) : NULL;
     if (filled != NULL) c.table_bytes += row_bytes;
     if ((filled = ctx_done(&c, d.budget, filled)) == NULL) goto done;
     Py_DECREF(filled);
@@ -1870,7 +2039,7 @@ done:
     return ok;
 }
 
-/* The running walk's automaton (and its DFA when the walk makes its rows here, `dfa_row`), its
+/* The running walk's automaton (and what holds its rows when the walk makes them here, `dfa_row`), its
  * rows' addresses (held while the walk reads them) and the first error of a callback; per
  * thread, since walks run without the GIL. */
 static _Thread_local PyObject *walk_automaton, *walk_dfa, *walk_rows, *walk_error;
@@ -1923,8 +2092,8 @@ static int64_t walk_fill(int32_t state, int64_t *num_rows) {
 
 /* begin_walk(automaton, rows, dfa) -> the address of `walk_fill`: the walk about to run on
  * this thread reads `rows` (automaton.row_pointers()) and calls back for the rows it lacks,
- * which `dfa_row` makes when `dfa` (the automaton's LazyDFA, whose rows are its own) is not
- * None. */
+ * which `dfa_row` makes when `dfa` (`automaton.native_rows`: a regex automaton's LazyDFA, a
+ * grammar automaton itself) is not None. */
 static PyObject *begin_walk(PyObject *self, PyObject *args) {
     PyObject *automaton, *rows, *dfa;
     if (!PyArg_ParseTuple(args, "OOO", &automaton, &rows, &dfa)) return NULL;
@@ -1963,7 +2132,7 @@ static PyMethodDef methods[] = {
     {"closure", closure, METH_VARARGS, "LazyDFA.closure of a tuple of NFA states."},
     {"fill_row", fill_row, METH_VARARGS, "LazyDFA._compute_row into an int32[256] buffer."},
     {"byte_groups", byte_groups, METH_VARARGS, "LazyDFA.byte_groups of an int32[256] row."},
-    {"cfg_row", cfg_row, METH_VARARGS, "GrammarAutomaton._compute_row from its lexer rows."},
+    {"cfg_row", cfg_row, METH_VARARGS, "GrammarAutomaton._compute_row into an int32[256] buffer."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1976,14 +2145,14 @@ PyMODINIT_FUNC PyInit_dfa_rows(void) {
                            "lo", "table", "start", "accepting", "moves", "shortest", "longest",
                            "row", "row_pointers", "limits", "max_states", "max_state_size",
                            "pointers", "states", "nfa", "_block", "_next", "_new_block",
-                           "check_time", "_end", "_cap"};
+                           "check_time", "_end", "_cap", "_groups", "lexer", "_successors", "_tags", "tags"};
     PyObject **slots[] = {&s_items, &s_item, &s_ranges, &s_facts, &s_tail, &s_parts,
                           &s_charge, &s_nbytes, &s_new_state, &s_add, &s_check, &s_dead, &s_intern, &s_counted,
                           &s_body_ir, &s_live, &s_hi, &s_lo, &s_table, &s_start,
                           &s_accepting, &s_moves, &s_shortest, &s_longest, &s_row,
                           &s_row_pointers, &s_limits, &s_max_states, &s_max_state_size,
                           &s_pointers, &s_states, &s_nfa, &s_block, &s_next, &s_new_block,
-                          &s_check_time, &s_end, &s_cap};
+                          &s_check_time, &s_end, &s_cap, &s_groups, &s_lexer, &s_successors, &s_tags_kept, &s_tags};
     for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++)
         if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
     if (!(empty = PyBytes_FromStringAndSize(NULL, 0)) || !(zero = PyLong_FromLong(0))) return NULL;

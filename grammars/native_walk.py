@@ -243,7 +243,7 @@ def _walk(
     what the walk returned and the first error a callback met."""
     native = dfa_rows()
     if native is not None:
-        fill = _c_fill(native.begin_walk(automaton, rows, automaton.native_dfa))
+        fill = _c_fill(native.begin_walk(automaton, rows, automaton.native_rows))
         try:
             steps = fn(*args, fill, cache)
         finally:

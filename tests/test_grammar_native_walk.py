@@ -12,6 +12,7 @@ from tiny_models import tiny_tokenizer
 from radixflow.grammars import GrammarCompiler, masks, native_build, native_rows, native_walk
 from radixflow.grammars.automaton import RegexAutomaton
 from radixflow.grammars.budget import GrammarBudgetExceeded, GrammarLimits
+from radixflow.grammars.cfg import GrammarAutomaton
 from radixflow.grammars.masks import WalkTable, compute_mask
 from radixflow.grammars.regex_parse import parse_regex
 from radixflow.grammars.states import StateRows
@@ -157,7 +158,7 @@ def test_an_automaton_that_does_not_publish_its_rows_fails_instead_of_hanging(ca
     error (the walk would otherwise ask for it forever)."""
 
     class Hidden:
-        native_dfa = None  # its rows come from `row`, which the walk calls back
+        native_rows = None  # its rows come from `row`, which the walk calls back
 
         def __init__(self, automaton):
             self.row, self.is_accepting = automaton.row, automaton.is_accepting
@@ -254,9 +255,9 @@ def test_rows_the_c_walk_makes_are_the_rows_row_makes(native, monkeypatch):
     def walked(c_rows: bool):
         with monkeypatch.context() as m:
             if not c_rows:
-                m.setattr(RegexAutomaton, "native_dfa", property(lambda self: None))
+                m.setattr(RegexAutomaton, "native_rows", property(lambda self: None))
             grammar = GrammarCompiler(tok).compile_json_schema(schema)
-            assert (grammar.automaton.native_dfa is not None) == c_rows
+            assert (grammar.automaton.native_rows is not None) == c_rows
             matcher, got = grammar.matcher(), []
             for b in b'{"id":12,"tags":["a","bc"]}':
                 got.append(matcher.next_token_mask().copy())
@@ -275,6 +276,50 @@ def test_rows_the_c_walk_makes_are_the_rows_row_makes(native, monkeypatch):
     assert all(np.array_equal(in_c.row(s), asked.row(s)) for s in made)
 
 
+def test_parser_rows_the_c_walk_makes_are_the_rows_row_makes(native, monkeypatch):
+    """A recursive schema's grammar automaton: the C walk makes its missing parser rows itself
+    (`dfa_rows.cfg_row`'s steps, no Python frame per row), with the same parser states, rows,
+    masks and bytes charged as when it asks the automaton's `row`."""
+    if native_rows.dfa_rows() is None:
+        pytest.skip("the walk makes rows in C only with the native lazy DFA rows")
+    tok = tiny_tokenizer()
+    tree = {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+                },
+            }
+        },
+        "$ref": "#/$defs/node",
+    }
+    text = b'{"name":"a","kids":[{"name":"bc","kids":[]},{"kids":[{"name":""}]}]}'
+
+    def walked(c_rows: bool):
+        with monkeypatch.context() as m:
+            if not c_rows:
+                m.setattr(GrammarAutomaton, "native_rows", property(lambda self: None))
+            grammar = GrammarCompiler(tok).compile_json_schema(tree)
+            assert isinstance(grammar.automaton, GrammarAutomaton)
+            assert (grammar.automaton.native_rows is not None) == c_rows
+            matcher, got = grammar.matcher(), []
+            for b in text:
+                got.append(matcher.next_token_mask().copy())
+                assert matcher.accept(grammar.index.token_bytes.index(bytes([b])))
+        return grammar.automaton, got
+
+    (in_c, masks_c), (asked, masks_asked) = walked(True), walked(False)
+    assert [m.tolist() for m in masks_c] == [m.tolist() for m in masks_asked]
+    assert in_c.sets == asked.sets and len(in_c.sets) > 20
+    assert in_c.budget.nbytes == asked.budget.nbytes
+    assert sum(type(r) is tuple for r in in_c.states._rows) > 10  # made by the walk
+    made = [s for s in range(len(in_c.sets)) if in_c.row_pointers()[s]]
+    assert made == [s for s in range(len(asked.sets)) if asked.row_pointers()[s]]
+    assert all(np.array_equal(in_c.row(s), asked.row(s)) for s in made)
+
+
 @pytest.mark.parametrize("c_rows", [True, False], ids=["c-rows", "python-rows"])
 def test_rows_are_right_in_blocks_left_as_allocated(native, monkeypatch, c_rows):
     """Row blocks are not cleared when allocated (pages of rows never taken stay untouched):
@@ -289,7 +334,7 @@ def test_rows_are_right_in_blocks_left_as_allocated(native, monkeypatch, c_rows)
     def walked(dirty: bool):
         with monkeypatch.context() as m:
             if not c_rows:
-                m.setattr(RegexAutomaton, "native_dfa", property(lambda self: None))
+                m.setattr(RegexAutomaton, "native_rows", property(lambda self: None))
             if dirty:
                 new_block = StateRows._new_block
 
