@@ -1674,6 +1674,26 @@ static PyObject *union_of(PyObject *succ, const int32_t *col, Py_ssize_t n) {
  * 0, or -1 on error. */
 static int c_columns_row(Ctx *c, Table *d, const int32_t *cols, Py_ssize_t n, PyObject *succ,
                          int32_t *row) {
+    if (n == 1) { /* one element (most rows): its codes are the columns, each code's set a state */
+        Py_ssize_t k = PyList_GET_SIZE(succ);
+        long *ids = malloc((k ? k : 1) * sizeof(long));
+        if (ids == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < k; i++) {
+            PyObject *key = PyList_GET_ITEM(succ, i);
+            ids[i] = !PyTuple_Check(key) ? ERR : PyTuple_GET_SIZE(key) == 0 ? -1 : c_intern(c, d, key);
+            if (ids[i] == ERR) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "dfa_rows: a successor set is not a tuple");
+                free(ids);
+                return -1;
+            }
+        }
+        for (int b = 0; b < 256; b++) row[b] = cols[b] < 0 ? -1 : (int32_t)ids[cols[b]];
+        free(ids);
+        return 0;
+    }
     int group[256], reps[256], order[256], ng = 0;
     for (int b = 0; b < 256; b++) { /* the distinct columns in the order met; runs are common */
         if (b > 0 && cmp_codes(cols + b * n, cols + (b - 1) * n, n) == 0) {
