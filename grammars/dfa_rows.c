@@ -200,14 +200,6 @@ static PyObject *triple(PyObject *ints, PyObject *a, PyObject *b, long n) {
     return t;
 }
 
-/* (id(node), b, state n): the key `NFA` gives a node's state; a new tuple */
-static PyObject *node_key(PyObject *ints, PyObject *node, PyObject *b, long n) {
-    PyObject *id = PyLong_FromVoidPtr(node);
-    PyObject *t = id == NULL ? NULL : triple(ints, id, b, n);
-    Py_XDECREF(id);
-    return t;
-}
-
 /* obj.name(*args) for a method of the NFA or the budget (`args[0]` is obj) */
 static PyObject *call(PyObject *name, PyObject *const *args, size_t n) {
     return PyObject_VectorcallMethod(name, args, n, NULL);
@@ -249,18 +241,6 @@ static long get_state(PyObject *dict, PyObject *key, int *found) {
     if (got == NULL) return PyErr_Occurred() ? ERR : -1;
     long s = PyLong_AsLong(got);
     return s == -1 && PyErr_Occurred() ? ERR : s;
-}
-
-/* `dict.pop(key, None)`: 1 with a new reference in `*out`, 0 when absent, -1 on error */
-static int dict_pop(PyObject *dict, PyObject *key, PyObject **out) {
-    PyObject *got = PyDict_GetItemWithError(dict, key);
-    if (got == NULL) return PyErr_Occurred() ? -1 : 0;
-    *out = Py_NewRef(got);
-    if (PyDict_DelItem(dict, key) < 0) {
-        Py_CLEAR(*out);
-        return -1;
-    }
-    return 1;
 }
 
 /* Whether `x` is a regex IR node (of the classes `configure` was given). */
@@ -407,10 +387,9 @@ static void untrack_dict(PyObject *dict, int every) {
  * `parts` tuple it holds) and the bytes built but not yet charged. */
 typedef struct {
     PyObject *nfa, *parts;
-    PyObject *eps, *edges, *todo, *runs, *run_todo, *ids, *shared, *lifts, *lifted, *order, *tags;
+    PyObject *eps, *edges, *runs, *ids, *shared, *lifts, *lifted, *order, *tags;
     PyObject *ends, *bodies, *body_irs, *counted; /* `counted`: the NFA's facts' memo */
-    PyObject *ints;     /* the NFA states' shared ints (`state_int`) */
-    PyObject *node_ids; /* id(node) -> that int, shared by the keys naming the node */
+    PyObject *ints; /* the NFA states' shared ints (`state_int`) */
     long steps;       /* closure steps in this call, for the clock checks */
     long nfa_bytes;   /* NFA states, moves, edges: counted on the NFA and its budget */
     long table_bytes; /* target sets: `budget.charge` */
@@ -421,18 +400,17 @@ static int ctx_load(Ctx *c, PyObject *nfa) {
     c->nfa = nfa;
     c->parts = PyObject_GetAttr(nfa, s_parts);
     if (c->parts == NULL) return -1;
-    if (!PyTuple_Check(c->parts) || PyTuple_GET_SIZE(c->parts) != 17) {
+    if (!PyTuple_Check(c->parts) || PyTuple_GET_SIZE(c->parts) != 14) {
         PyErr_SetString(PyExc_TypeError, "dfa_rows: unexpected NFA layout");
         Py_CLEAR(c->parts);
         return -1;
     }
-    PyObject **p[] = {&c->eps,    &c->edges,  &c->todo,   &c->runs,  &c->run_todo,
-                      &c->ids,    &c->shared, &c->lifts,  &c->lifted, &c->order,
-                      &c->tags,   &c->ends,   &c->bodies, &c->body_irs, &c->counted,
-                      &c->ints,   &c->node_ids};
-    for (int i = 0; i < 17; i++) {
+    PyObject **p[] = {&c->eps,    &c->edges,  &c->runs,  &c->ids,    &c->shared,
+                      &c->lifts,  &c->lifted, &c->order, &c->tags,   &c->ends,
+                      &c->bodies, &c->body_irs, &c->counted, &c->ints};
+    for (int i = 0; i < 14; i++) {
         *p[i] = PyTuple_GET_ITEM(c->parts, i);
-        if (i < 2 || i == 15 ? !PyList_Check(*p[i]) : !PyDict_Check(*p[i])) {
+        if (i < 2 || i == 13 ? !PyList_Check(*p[i]) : !PyDict_Check(*p[i])) {
             PyErr_SetString(PyExc_TypeError, "dfa_rows: unexpected NFA layout");
             Py_CLEAR(c->parts);
             return -1;
@@ -442,20 +420,21 @@ static int ctx_load(Ctx *c, PyObject *nfa) {
     untrack(c->edges);
     untrack(c->ints);
     PyObject *numbers[] = {c->runs, c->ids, c->shared, c->lifts, c->lifted, c->order,
-                           c->tags, c->ends, c->bodies, c->node_ids};
+                           c->tags, c->ends, c->bodies};
     for (size_t i = 0; i < sizeof(numbers) / sizeof(*numbers); i++) untrack_dict(numbers[i], 0);
     return 0;
 }
 
 /* untrack_made(nfa): takes what the Python code made while the grammar compiled out of the
- * collector's sight, once its IR is (`untrack_ir`): the NFA's waiting entries (node, arg, next)
- * and its facts' entries for counted nodes, and their dicts where nothing else in them can be
- * in a reference cycle. C untracks the entries it makes itself. */
+ * collector's sight, once its IR is (`untrack_ir`): the keys of its waiting states (node, arg,
+ * next), in their dicts and in the lists where they wait to be made, and its facts' entries for
+ * counted nodes, and their dicts where nothing else in them can be in a reference cycle. C
+ * untracks the keys it makes itself. */
 static PyObject *untrack_made(PyObject *self, PyObject *nfa) {
     Ctx c;
     if (ctx_load(&c, nfa) < 0) return NULL;
-    untrack_dict(c.todo, 1);
-    untrack_dict(c.run_todo, 1);
+    untrack_dict(c.ids, 1);
+    untrack_dict(c.runs, 1);
     untrack_dict(c.counted, 1);
     Py_DECREF(c.parts);
     Py_RETURN_NONE;
@@ -560,38 +539,18 @@ static long c_new_state(Ctx *c, PyObject *moves, PyObject *edges) {
     return n;
 }
 
-/* `key` (a tuple this call made and holds alone) with its first item, an id(node), replaced by
- * the NFA's one int for that node: 0, or -1 on error */
-static int share_node_id(Ctx *c, PyObject *key) {
-    PyObject *id = PyTuple_GET_ITEM(key, 0);
-    PyObject *shared = PyDict_SetDefault(c->node_ids, id, id);
-    if (shared == NULL) return -1;
-    if (shared != id) {
-        PyTuple_SET_ITEM(key, 0, Py_NewRef(shared));
-        Py_DECREF(id);
-    }
-    return 0;
-}
-
-/* The state of `node` at `arg` then `nxt`, found in `known` by (id(node), arg, nxt), else new
- * with lists `moves` and `edges` (None: made later from its `todo` entry (node, arg, nxt)). */
-static long c_waiting(Ctx *c, PyObject *node, PyObject *arg, long nxt, PyObject *known,
-                      PyObject *todo, PyObject *moves, PyObject *edges) {
-    PyObject *key = node_key(c->ints, node, arg, nxt);
+/* The state of `node` at `arg` then `nxt`, found in `known` by its key (node, arg, nxt), else
+ * new, its key kept where its moves (`run` 0) or its edges (`run` 1, a literal run) wait to be
+ * made from it. */
+static long c_waiting(Ctx *c, PyObject *node, PyObject *arg, long nxt, PyObject *known, int run) {
+    PyObject *key = triple(c->ints, node, arg, nxt);
     if (key == NULL) return ERR;
     int found;
     long got = get_state(known, key, &found);
     if (!found && got != ERR) {
-        got = c_new_state(c, moves, edges);
-        if (got != ERR && (share_node_id(c, key) < 0 || set_state(c->ints, known, key, got) < 0))
-            got = ERR;
-        if (got != ERR) {
-            PyObject *entry = triple(c->ints, node, arg, nxt), *k = state_int(c->ints, got);
-            if (entry != NULL) untrack_atoms(entry);
-            if (entry == NULL || k == NULL || PyDict_SetItem(todo, k, entry) < 0) got = ERR;
-            Py_XDECREF(entry);
-            Py_XDECREF(k);
-        }
+        untrack_atoms(key);
+        got = run ? c_new_state(c, empty, key) : c_new_state(c, key, empty);
+        if (got != ERR && set_state(c->ints, known, key, got) < 0) got = ERR;
     }
     Py_DECREF(key);
     return got;
@@ -599,7 +558,7 @@ static long c_waiting(Ctx *c, PyObject *node, PyObject *arg, long nxt, PyObject 
 
 /* `NFA._state`: the state that waits to make `node`'s moves at `arg` */
 static long c_state(Ctx *c, PyObject *node, PyObject *arg, long nxt) {
-    return c_waiting(c, node, arg, nxt, c->ids, c->todo, Py_None, empty);
+    return c_waiting(c, node, arg, nxt, c->ids, 0);
 }
 
 static PyObject *sequences_of(PyObject *ranges) {
@@ -697,7 +656,7 @@ static long c_rest(Ctx *c, PyObject *node, PyObject *items, Py_ssize_t i, long n
     long got;
     if (here && i + 1 < n && is_chars(PyTuple_GET_ITEM(items, i + 1))) { /* a literal run */
         if ((arg = PyLong_FromSsize_t(i)) == NULL) return ERR;
-        got = c_waiting(c, node, arg, nxt, c->runs, c->run_todo, empty, Py_None);
+        got = c_waiting(c, node, arg, nxt, c->runs, 1);
         Py_DECREF(arg);
         return got;
     }
@@ -765,7 +724,7 @@ static long c_lift(Ctx *c, long state, long end, long target) {
 }
 
 /* `NFA._unwrap`: the moves (or edges) of lifted state `s`, lifted level by level from the
- * first state down its lifts whose list is made (or made by `_todo`, a run) */
+ * first state down its lifts whose list is made (or waits as its key) */
 static PyObject *c_unwrap(Ctx *c, long s, int moves) {
     PyObject *lists = moves ? c->eps : c->edges;
     Longs chain = {0};
@@ -1159,7 +1118,7 @@ static long c_add(Ctx *c, PyObject *node, long nxt) {
     return got;
 }
 
-/* `NFA._node_moves` of state `s` from its `_todo` entry (node, arg, nxt) */
+/* `NFA._node_moves` of state `s` from its key (node, arg, nxt) */
 static PyObject *c_node_moves(Ctx *c, long s, PyObject *todo) {
     PyObject *node = PyTuple_GET_ITEM(todo, 0), *arg = PyTuple_GET_ITEM(todo, 1);
     long nxt = PyLong_AsLong(PyTuple_GET_ITEM(todo, 2));
@@ -1202,20 +1161,17 @@ static PyObject *c_made(Ctx *c, long s, int moves) {
     PyObject *list = item(moves ? c->eps : c->edges, s);
     if (list == NULL) return NULL;
     if (PyBytes_Check(list)) return Py_NewRef(list);
-    if (list != Py_None) {
+    if (list == Py_None) return c_unwrap(c, s, moves);
+    if (!PyTuple_Check(list) || PyTuple_GET_SIZE(list) != 3) {
         PyErr_Format(PyExc_TypeError, "dfa_rows: NFA state %ld's %s are not packed ints", s,
                      moves ? "moves" : "edges");
         return NULL;
     }
-    PyObject *key = state_int(c->ints, s);
-    if (key == NULL) return NULL;
-    PyObject *todo = NULL; /* a node's (node, arg, nxt), a literal run's (node, i, nxt) */
-    int popped = dict_pop(moves ? c->todo : c->run_todo, key, &todo);
+    /* its key, a node's (node, arg, nxt) or a literal run's (node, i, nxt): held while the
+     * list it sits in gets the made moves or edges in its place */
+    PyObject *key = Py_NewRef(list);
+    PyObject *out = moves ? c_node_moves(c, s, key) : c_run_edges(c, s, key);
     Py_DECREF(key);
-    if (popped < 0) return NULL;
-    if (!popped) return c_unwrap(c, s, moves);
-    PyObject *out = moves ? c_node_moves(c, s, todo) : c_run_edges(c, s, todo);
-    Py_DECREF(todo);
     return out;
 }
 
@@ -1238,7 +1194,7 @@ static int has_edges(Ctx *c, long s) {
     }
     PyObject *e = item(c->edges, s);
     if (e == NULL) return -1;
-    return e == Py_None || (PyBytes_Check(e) && PyBytes_GET_SIZE(e) > 0);
+    return PyTuple_Check(e) || (PyBytes_Check(e) && PyBytes_GET_SIZE(e) > 0); /* a key: a run's */
 }
 
 /* `NFA.prune` over `v[0:n]` (in place; returns the new length, -1 on error): the lifted

@@ -121,14 +121,13 @@ class NFA:
         self.budget: GrammarBudget | None = None  # set by the LazyDFA that walks it
         self.nbytes = 0
         self.facts = IrFacts(self.check)
-        # Packed (`_packed`); None: not made yet (a lifted state's moves and edges, a node
-        # state's moves from `_todo`, a literal run's edges from `_run_todo`), made on first use
-        self._eps: list[bytes | None] = []
-        self._edges: list[bytes | None] = []
-        self._todo: dict[int, tuple[object, object, int]] = {}  # state -> (node, arg, next)
-        self._runs: dict[tuple[int, int, int], int] = {}  # (id(Seq), i, next) -> state
-        self._run_todo: dict[int, tuple[Seq, int, int]] = {}  # state -> (Seq, i, next)
-        self._ids: dict[tuple, int] = {}  # (id(node), arg, next) -> state
+        # Packed (`_packed`), or not made yet and made on first use: a node state's moves are
+        # its key (node, arg, next) until then, a literal run's edges its key (Seq, i, next),
+        # a lifted state's moves and edges None
+        self._eps: list[bytes | tuple | None] = []
+        self._edges: list[bytes | tuple | None] = []
+        self._runs: dict[tuple, int] = {}  # (Seq, i, next) -> state
+        self._ids: dict[tuple, int] = {}  # (node, arg, next) -> state
         self._shared: dict[tuple, int] = {}  # character states by ranges and continuation
         self._ends: dict[int, int] = {}  # id(counted node) -> the end state of its body
         self._body_irs: dict[tuple, object] = {}  # (id(node), ranges) -> IR of one count
@@ -136,14 +135,12 @@ class NFA:
         self._lifts: dict[tuple[int, int, int], int] = {}  # (state, end, target) -> lifted
         self._lifted: dict[int, tuple[int, int, int]] = {}  # lifted -> (state, end, target)
         self._order: dict[int, tuple[tuple, int]] = {}  # counter -> (its counter, its count)
-        # the C rows' int object of each state number and of each node's id, shared
+        # the C rows' int object of each state number, shared
         self._ints: list[int] = []
-        self._node_ids: dict[int, int] = {}
         # what the C rows (`dfa_rows.c`) read and write, in one attribute
-        self._parts = (self._eps, self._edges, self._todo, self._runs, self._run_todo, self._ids,
-                       self._shared, self._lifts, self._lifted, self._order, self.tags,
-                       self._ends, self._bodies, self._body_irs, self.facts._counted,
-                       self._ints, self._node_ids)  # fmt: skip
+        self._parts = (self._eps, self._edges, self._runs, self._ids, self._shared, self._lifts,
+                       self._lifted, self._order, self.tags, self._ends, self._bodies,
+                       self._body_irs, self.facts._counted, self._ints)  # fmt: skip
 
     def __len__(self) -> int:
         return len(self._eps)
@@ -164,8 +161,10 @@ class NFA:
             self.budget.charge(nbytes)
         self.nbytes += nbytes
 
-    def new_state(self, moves: bytes | None = b"", edges: bytes | None = b"") -> int:
-        """A state with packed `moves` and `edges` (None: made on first use)."""
+    def new_state(
+        self, moves: bytes | tuple | None = b"", edges: bytes | tuple | None = b""
+    ) -> int:
+        """A state with packed `moves` and `edges` (a key or None: made on first use)."""
         if len(self._eps) >= MAX_NFA_STATES:
             raise GrammarBudgetExceeded(
                 "MAX_NFA_STATES", f"more than {MAX_NFA_STATES} NFA states, the limit per grammar"
@@ -199,17 +198,19 @@ class NFA:
     def moves(self, state: int) -> list[int]:
         """The epsilon moves of `state`, made now if they were not yet."""
         eps = self._eps[state]
-        if eps is None:
-            todo = self._todo.pop(state, None)
-            eps = self._unwrap(state, True) if todo is None else self._node_moves(state, todo)
+        if type(eps) is tuple:
+            eps = self._node_moves(state, eps)
+        elif eps is None:
+            eps = self._unwrap(state, True)
         return _unpacked(eps)
 
     def edges(self, state: int) -> list[tuple[int, int, int]]:
         """The byte edges (lo, hi, target) of `state`, made now if they were not yet."""
         edges = self._edges[state]
-        if edges is None:
-            run = self._run_todo.pop(state, None)
-            edges = self._unwrap(state, False) if run is None else self._run_edges(state, run)
+        if type(edges) is tuple:
+            edges = self._run_edges(state, edges)
+        elif edges is None:
+            edges = self._unwrap(state, False)
         return _triples(edges)
 
     def has_edges(self, state: int) -> bool:
@@ -217,7 +218,7 @@ class NFA:
         while state in self._lifted:
             state = self._lifted[state][0]
         edges = self._edges[state]
-        return edges is None or bool(edges)  # None: a literal run's, which are never empty
+        return bool(edges)  # a key: a literal run's, which are never empty
 
     def prune(self, states: list[int]) -> list[int]:
         """`states` less the lifted ones that another one subsumes: the same place in the same
@@ -259,7 +260,7 @@ class NFA:
         nest) to a state whose list is made, then back up, lifting the list once per level."""
         lists = self._eps if moves else self._edges
         chain = []
-        while lists[state] is None and state in self._lifted:  # else: from `_todo`, a run
+        while lists[state] is None and state in self._lifted:  # else: made, or a key
             chain.append(state)
             state = self._lifted[state][0]
         inner = self.moves(state) if moves else [x for e in self.edges(state) for x in e]
@@ -287,11 +288,10 @@ class NFA:
         return got
 
     def _state(self, node, arg: object, nxt: int) -> int:
-        key = (id(node), arg, nxt)  # `facts` keeps every node it has seen alive
+        key = (node, arg, nxt)  # nodes compare by identity
         got = self._ids.get(key)
         if got is None:
-            got = self._ids[key] = self.new_state(moves=None)
-            self._todo[got] = (node, arg, nxt)
+            got = self._ids[key] = self.new_state(moves=key)
         return got
 
     def _counter(self, node: Repeat | Dfa, arg: object, nxt: int) -> int:
@@ -315,11 +315,10 @@ class NFA:
         """
         items = node.items
         if i + 1 < len(items) and isinstance(items[i], Chars) and isinstance(items[i + 1], Chars):
-            key = (id(node), i, nxt)
+            key = (node, i, nxt)
             got = self._runs.get(key)
             if got is None:
-                got = self._runs[key] = self.new_state(edges=None)
-                self._run_todo[got] = (node, i, nxt)
+                got = self._runs[key] = self.new_state(edges=key)
             return got
         if i < len(items) and isinstance(items[i], Chars):
             target = nxt if i + 1 == len(items) else self._state(node, i + 1, nxt)
