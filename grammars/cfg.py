@@ -9,7 +9,8 @@ The byte automaton's state is a set of (Earley set, lexer DFA state, at_boundary
 reading a byte steps every lexer state; when a lexer state accepts a terminal the parser
 may scan it, which starts a fresh lexeme restricted to the terminals the new Earley set
 expects. Sets are interned to ints, so the trie walk in `masks` works unchanged, and rows
-are built lazily like the regex DFA's.
+are built lazily like the regex DFA's (in C where the native rows are built: `dfa_rows.cfg_row`,
+which the C trie walk calls for a missing row; `_compute_row` is its twin).
 
     Earley set: items (rule, dot, origin set); `waiting[symbol]` -> the items that wait for
                 that symbol, with the dot already moved past it (what a scan or completion adds)

@@ -2,7 +2,9 @@
  * and the NFA's lazily made states (`nfa.NFA`'s moves, edges, literal runs, character, tail and
  * lifted states), over the NFA's and the DFA's own Python lists and dicts (`_parts`), with the
  * same results in the same order as the Python code they stand for (`native_rows` loads this
- * module; the Python code is its twin).
+ * module; the Python code is its twin); and a grammar automaton's parser rows
+ * (`cfg.GrammarAutomaton._compute_row`, `cfg_row`), over its parser states' lists and dicts, the
+ * Earley parser's steps called back (`_successors`).
  *
  * What needs the IR's deeper facts stays in Python and is called back: a node's facts when it
  * carries none (`nfa.facts.dead`, `nfa.facts.counted`), a Dfa's spelled character class

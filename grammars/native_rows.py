@@ -6,9 +6,11 @@ the NFA states those make on the way (literal runs, character and lifted states,
 or an alternation's moves, a repeat's or an explicit DFA's counters); the C module does all of
 it on the same lists and dicts and calls the same Python methods for the rest (IR facts a node
 does not carry, a Dfa's spelled character class, limits and errors), so the automaton (its
-NFA and DFA states, their numbers, every row) is the same either way. It also holds the trie
-walk's row callback (`begin_walk`, `end_walk`). Building it needs the interpreter's C headers
-(`sysconfig`'s include path); without them the twin runs.
+NFA and DFA states, their numbers, every row) is the same either way. A grammar automaton's
+parser rows (`cfg.GrammarAutomaton._compute_row`: its elements' lexer rows, their successors
+and the interned unions) are made there too (`cfg_row`). It also holds the trie walk's row
+callback (`begin_walk`, `end_walk`), which makes a missing row of either kind in C. Building it
+needs the interpreter's C headers (`sysconfig`'s include path); without them the twin runs.
 """
 
 from __future__ import annotations
