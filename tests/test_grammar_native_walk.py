@@ -283,25 +283,26 @@ def test_parser_rows_the_c_walk_makes_are_the_rows_row_makes(native, monkeypatch
     if native_rows.dfa_rows() is None:
         pytest.skip("the walk makes rows in C only with the native lazy DFA rows")
     tok = tiny_tokenizer()
-    tree = {
+    linked_list = {
         "$defs": {
-            "node": {
+            "cell": {
                 "type": "object",
                 "properties": {
-                    "name": {"type": "string"},
-                    "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+                    "value": {"type": "integer"},
+                    "next": {"anyOf": [{"$ref": "#/$defs/cell"}, {"type": "null"}]},
                 },
+                "required": ["value"],
             }
         },
-        "$ref": "#/$defs/node",
+        "$ref": "#/$defs/cell",
     }
-    text = b'{"name":"a","kids":[{"name":"bc","kids":[]},{"kids":[{"name":""}]}]}'
+    text = b'{"value":1,"next":{"value":-22,"next":{"value":3}}}'
 
     def walked(c_rows: bool):
         with monkeypatch.context() as m:
             if not c_rows:
                 m.setattr(GrammarAutomaton, "native_rows", property(lambda self: None))
-            grammar = GrammarCompiler(tok).compile_json_schema(tree)
+            grammar = GrammarCompiler(tok).compile_json_schema(linked_list)
             assert isinstance(grammar.automaton, GrammarAutomaton)
             assert (grammar.automaton.native_rows is not None) == c_rows
             matcher, got = grammar.matcher(), []
