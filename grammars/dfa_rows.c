@@ -1804,7 +1804,8 @@ static int c_parser_fill(Ctx *c, Table *d, PyObject *automaton, long state, int3
         long lex_n = PyLong_AsLong(lex);
         if (lex_n == -1 && PyErr_Occurred()) goto done;
         if (lex_n < 0) continue;
-        PyObject *g = PyDict_GetItemWithError(groups, lex), *made = NULL;
+        /* held while the parser is called back (`_successors`), whatever it does to `_groups` */
+        PyObject *made = Py_XNewRef(PyDict_GetItemWithError(groups, lex)), *g = made;
         if (g == NULL) {
             if (PyErr_Occurred() || (made = c_lex_groups(c, lexer, lex_n)) == NULL ||
                 PyDict_SetItem(groups, lex, made) < 0) {
