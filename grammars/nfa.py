@@ -33,7 +33,8 @@ The DFA is built on demand: a state is the set of NFA states with byte edges or 
 epsilon closure, interned to an int; its 256-entry row of successors (-1 = dead) is computed
 the first time someone asks for it. A cached grammar holds hundreds of thousands of NFA
 states, so their lists are cheap to keep, free and collect: an NFA state's moves and edges are
-each one bytes object of packed C ints (`_packed`), DFA states are tuples of ints (which
+each one bytes object of packed C ints (`_packed`; until made, a state's key waits in their
+place, the tuple its dict finds it by), DFA states are tuples of ints (which
 Python's cyclic collector stops tracking). `dfa_rows.c` (see `native_rows`) runs the rows,
 closures and interning and the NFA states they make in C over these same lists and dicts
 (`_parts`); the code here is its twin. The C rows also give each state number one int object
@@ -62,7 +63,7 @@ from .states import DICT_ENTRY_BYTES, ROW_BYTES, StateRows, untracked
 MAX_NFA_STATES = 500_000
 _CHECK_EVERY = 256  # closure steps between clock checks
 
-# Per NFA state: its two packed lists, its id, its key and todo entry (measured, roughly).
+# Per NFA state: its two packed lists, its id, its key and dict entry (measured, roughly).
 _NFA_STATE_BYTES = 2 * sys.getsizeof(b"") + 32 + 200
 _MOVE_BYTES = array("i").itemsize  # a move: one packed int
 _EDGE_BYTES = 3 * _MOVE_BYTES  # an edge: lo, hi, target
