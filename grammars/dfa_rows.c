@@ -1121,9 +1121,9 @@ static long c_add(Ctx *c, PyObject *node, long nxt) {
 }
 
 /* `NFA._node_moves` of state `s` from its key (node, arg, nxt) */
-static PyObject *c_node_moves(Ctx *c, long s, PyObject *todo) {
-    PyObject *node = PyTuple_GET_ITEM(todo, 0), *arg = PyTuple_GET_ITEM(todo, 1);
-    long nxt = PyLong_AsLong(PyTuple_GET_ITEM(todo, 2));
+static PyObject *c_node_moves(Ctx *c, long s, PyObject *key) {
+    PyObject *node = PyTuple_GET_ITEM(key, 0), *arg = PyTuple_GET_ITEM(key, 1);
+    long nxt = PyLong_AsLong(PyTuple_GET_ITEM(key, 2));
     if (nxt == -1 && PyErr_Occurred()) return NULL;
     Longs out = {0};
     PyObject *live = NULL, *items = NULL;
@@ -1552,8 +1552,6 @@ static PyObject *fill_row(PyObject *self, PyObject *args) {
     return out;
 }
 
-/* ---- a context-free grammar's parser rows (`cfg.GrammarAutomaton._compute_row`) ---- */
-
 /* The targets of row `r` other than its least when that is dead (negative), in increasing
  * order, into `sorted` (their number returned); each byte's index among them into `inv` (-1
  * for the dead target). Rows have few targets, in runs of equal bytes: the distinct ones in
@@ -1586,6 +1584,7 @@ static int row_groups(const int32_t *r, int32_t *inv, long *sorted) {
     return n - first;
 }
 
+/* ---- a context-free grammar's parser rows (`cfg.GrammarAutomaton._compute_row`) ---- */
 
 /* Lexicographic order of two columns of `n` codes (-1, dead, first). */
 static int cmp_codes(const int32_t *a, const int32_t *b, Py_ssize_t n) {
@@ -1602,7 +1601,7 @@ static PyObject *union_of(PyObject *succ, const int32_t *col, Py_ssize_t n) {
         if (col[i] < 0) continue;
         PyObject *t = PyList_GET_ITEM(succ, col[i]);
         if (!PyTuple_Check(t)) {
-            PyErr_SetString(PyExc_TypeError, "cfg_row: a successor set is not a tuple");
+            PyErr_SetString(PyExc_TypeError, "dfa_rows: a successor set is not a tuple");
             Py_XDECREF(set);
             return NULL;
         }
@@ -1640,10 +1639,11 @@ static int c_columns_row(Ctx *c, Table *d, const int32_t *cols, Py_ssize_t n, Py
             return -1;
         }
         for (Py_ssize_t i = 0; i < k; i++) {
-            PyObject *key = PyList_GET_ITEM(succ, i);
-            ids[i] = !PyTuple_Check(key) ? ERR : PyTuple_GET_SIZE(key) == 0 ? -1 : c_intern(c, d, key);
+            int32_t code = (int32_t)i;
+            PyObject *key = union_of(succ, &code, 1);
+            ids[i] = key == NULL ? ERR : PyTuple_GET_SIZE(key) == 0 ? -1 : c_intern(c, d, key);
+            Py_XDECREF(key);
             if (ids[i] == ERR) {
-                if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "dfa_rows: a successor set is not a tuple");
                 free(ids);
                 return -1;
             }

@@ -241,8 +241,8 @@ class NFA:
         out.extend(s for s, _count in best.values())
         return out
 
-    def _node_moves(self, state: int, todo: tuple[object, object, int]) -> bytes:
-        node, arg, nxt = todo
+    def _node_moves(self, state: int, key: tuple[object, object, int]) -> bytes:
+        node, arg, nxt = key
         if isinstance(node, Seq):
             out = [self.add(node.items[arg], self._rest(node, arg + 1, nxt))]
         elif isinstance(node, Alt):
