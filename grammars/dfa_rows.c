@@ -841,8 +841,9 @@ static int long_attr(PyObject *obj, PyObject *name, long *out, int *none) {
 /* `NFA._counter`: the state of counted `node` at `arg` (a Repeat's count, a Dfa's (table
  * state, count)), marked for `prune` past the node's minimum count */
 static long c_counter(Ctx *c, PyObject *node, PyObject *arg, long nxt) {
+    Py_ssize_t made = PyList_GET_SIZE(c->eps);
     long got = c_state(c, node, arg, nxt);
-    if (got == ERR) return ERR;
+    if (got == ERR || got < made) return got; /* found: marked when it was made */
     PyObject *id = PyLong_FromVoidPtr(node), *counter = NULL, *count = NULL;
     int past;
     if (id == NULL) return ERR;

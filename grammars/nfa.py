@@ -110,7 +110,21 @@ def _triples(packed: bytes) -> list[tuple[int, int, int]]:
 
 @functools.lru_cache(maxsize=4096)
 def _sequences(ranges: tuple) -> tuple:
-    return tuple(tuple(seq) for lo, hi in ranges for seq in utf8_sequences(lo, hi))
+    """The UTF-8 byte-range sequences of the code points `ranges`, each a tuple of (lo, hi)."""
+    out: list[tuple] = []
+    for lo, hi in ranges:
+        if lo <= 0x7F:  # one byte each: no splitting to do
+            out.append(((lo, min(hi, 0x7F)),))
+        if hi > 0x7F:
+            out.extend(_multibyte_sequences(max(lo, 0x80), hi))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _multibyte_sequences(lo: int, hi: int) -> tuple:
+    """`_sequences` of lo..hi (past ASCII), kept apart: classes that differ in their ASCII
+    characters (an explicit DFA's classes, state by state) share their non-ASCII part."""
+    return tuple(tuple(seq) for seq in utf8_sequences(lo, hi))
 
 
 class NFA:
@@ -298,7 +312,10 @@ class NFA:
     def _counter(self, node: Repeat | Dfa, arg: object, nxt: int) -> int:
         """The state of a counted node: `arg` is the count of a Repeat, (table state, count) of
         a Dfa. Past the node's minimum count, `prune` may drop it for a smaller count."""
+        made = len(self._eps)
         got = self._state(node, arg, nxt)
+        if got < made:  # found: marked when it was made
+            return got
         if isinstance(node, Repeat):
             if arg >= self.facts.counted(node)[1]:
                 self._order[got] = ((id(node), nxt), arg)

@@ -272,6 +272,25 @@ def test_forced_text_stops_at_incomplete_utf8():
     assert gc.compile_regex("日本語?").matcher().forced_text() == "日本"
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_class_reads_exactly_the_utf8_encodings_of_its_code_points(seed):
+    """The byte-range sequences a character class compiles to spell exactly its code points'
+    UTF-8 encodings (none for surrogates), for classes that cross every encoding length."""
+    from radixflow.grammars.nfa import _sequences
+
+    rng = random.Random(seed)
+    edges = [0x7F, 0x80, 0x7FF, 0x800, 0xD7FF, 0xE000, 0xFFFF, 0x10000, 0x10FFFF]
+    points = sorted({min(0x10FFFF, max(0, e + rng.randint(-40, 40))) for e in edges})
+    ranges = tuple(
+        (lo, min(lo + rng.randint(0, 60), hi - 1)) for lo, hi in itertools.pairwise(points)
+    )
+    spelled = {bytes(word) for seq in _sequences(ranges)
+               for word in itertools.product(*(range(lo, hi + 1) for lo, hi in seq))}  # fmt: skip
+    encoded = {chr(cp).encode() for lo, hi in ranges for cp in range(lo, hi + 1)
+               if not 0xD800 <= cp <= 0xDFFF}  # fmt: skip
+    assert spelled == encoded
+
+
 def test_non_regular_constructs_are_rejected():
     gc = GrammarCompiler(tiny_tokenizer())
     for pattern, what in [(r"(a)\1", "back-references"), (r"a(?=b)", "look-ahead"),
