@@ -18,6 +18,7 @@ from .regex_algebra import exclude_words as exclude_words_from
 from .regex_ir import (
     Alt,
     Chars,
+    Ranges,
     Repeat,
     Seq,
     alt,
@@ -84,10 +85,11 @@ def _prefix_tree(texts: list[str]):
 
 
 @functools.lru_cache(maxsize=256)
-def _escapes(escaped: tuple[str, ...]):
-    """`_prefix_tree` of these escapes, one node per set of them: the classes of most strings
-    escape the same 34 characters, and one node compiles to one set of automaton states."""
-    return _prefix_tree(list(escaped))
+def _escapes(special: Ranges):
+    """`_prefix_tree` of the escapes of the characters `special`, one node per set of them:
+    the classes of most strings escape the same 34 characters, and one node compiles to one set
+    of automaton states."""
+    return _prefix_tree([_ESCAPES[cp] for lo, hi in special for cp in range(lo, hi + 1)])
 
 
 _JSON_CHARS: dict[tuple, object] = {}
@@ -98,9 +100,8 @@ def json_chars(node: Chars):
     got = _JSON_CHARS.get(node.ranges)
     if got is None:
         plain = subtract(node.ranges, _SPECIAL)
-        escaped = [_ESCAPES[cp] for lo, hi in intersect(node.ranges, _SPECIAL)
-                   for cp in range(lo, hi + 1)]  # fmt: skip
-        got = Alt((Chars(plain), _escapes(tuple(escaped)))) if escaped else Chars(plain)
+        special = intersect(node.ranges, _SPECIAL)
+        got = Alt((Chars(plain), _escapes(special))) if special else Chars(plain)
         if len(_JSON_CHARS) < 4096:
             _JSON_CHARS[node.ranges] = got
     return got
