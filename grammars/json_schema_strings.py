@@ -29,7 +29,6 @@ from .regex_ir import (
     normalize,
     seq,
     star,
-    subtract,
 )
 from .regex_parse import chars, parse_regex, parse_search_regex
 from .regex_terms import NEVER
@@ -99,7 +98,7 @@ def json_chars(node: Chars):
     """One string-content character from `node`, as it appears inside a JSON string."""
     got = _JSON_CHARS.get(node.ranges)
     if got is None:
-        plain = subtract(node.ranges, _SPECIAL)
+        plain = intersect(node.ranges, _PLAIN.ranges)
         special = intersect(node.ranges, _SPECIAL)
         got = Alt((Chars(plain), _escapes(special))) if special else Chars(plain)
         if len(_JSON_CHARS) < 4096:

@@ -181,13 +181,14 @@ def subtract(a: Ranges, b: Ranges) -> Ranges:
 
 
 def intersect(a: Ranges, b: Ranges) -> Ranges:
-    out, i, j = [], 0, 0
     a, b = normalize(a), normalize(b)
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+    out, i, j, na, nb = [], 0, 0, len(a), len(b)
+    while i < na and j < nb:  # a merge of the two sorted lists (called by the thousand)
+        (alo, ahi), (blo, bhi) = a[i], b[j]
+        lo, hi = alo if alo > blo else blo, ahi if ahi < bhi else bhi
         if lo <= hi:
             out.append((lo, hi))
-        if a[i][1] < b[j][1]:
+        if ahi < bhi:
             i += 1
         else:
             j += 1
