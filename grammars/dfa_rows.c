@@ -26,15 +26,16 @@
 #define CHECK_EVERY 256 /* closure steps between clock checks, as nfa._CHECK_EVERY */
 #define ERR (-2)        /* a state-returning function's error (-1 is "matches nothing") */
 
-/* Set once by `configure`: the IR classes, `nfa._sequences`, the byte costs and the limit. */
+/* Set once by `configure`: the IR classes, `nfa._sequences` and `nfa._spelled`, the byte costs
+ * and the limit. */
 static PyObject *chars_type, *seq_type, *alt_type, *repeat_type, *dfa_type, *ref_type,
-    *sequences_fn;
+    *sequences_fn, *spelled_fn;
 static long max_nfa_states, state_bytes, edge_bytes, entry_bytes, row_bytes;
 static long tuple_base, tuple_item; /* sys.getsizeof of a tuple: base + item * length */
 static PyObject *empty, *zero; /* b"" (no moves or edges) and 0 */
 static PyObject *perf_counter; /* time.perf_counter, the budget's clock */
 static PyObject *s_items, *s_item, *s_ranges, *s_facts, *s_tail, *s_parts, *s_charge, *s_nbytes,
-    *s_new_state, *s_add, *s_check, *s_dead, *s_intern, *s_counted, *s_body_ir, *s_live, *s_hi,
+    *s_new_state, *s_add, *s_check, *s_dead, *s_intern, *s_counted, *s_spell, *s_live, *s_hi,
     *s_lo, *s_table, *s_start, *s_accepting, *s_moves, *s_shortest, *s_longest, *s_row,
     *s_row_pointers, *s_limits, *s_max_states, *s_max_state_size, *s_pointers, *s_states, *s_nfa,
     *s_block, *s_next, *s_new_block, *s_check_time, *s_end, *s_cap, *s_groups, *s_lexer,
@@ -895,7 +896,7 @@ static long c_end(Ctx *c, PyObject *node) {
 }
 
 /* `NFA._body_ir`: the IR `node` reads for one count (`ranges` None: a Repeat's body), a new
- * reference; a Dfa's is made by the Python method the first time */
+ * reference; a Dfa's from `nfa._spelled` the first time */
 static PyObject *c_body_ir(Ctx *c, PyObject *node, PyObject *ranges) {
     PyObject *id = PyLong_FromVoidPtr(node);
     PyObject *key = id == NULL ? NULL : PyTuple_Pack(2, id, ranges);
@@ -913,8 +914,11 @@ static PyObject *c_body_ir(Ctx *c, PyObject *node, PyObject *ranges) {
                 if (PyDict_SetItem(c->body_irs, key, got) < 0) Py_CLEAR(got);
             }
         } else {
-            PyObject *args[] = {c->nfa, node, ranges};
-            got = call(s_body_ir, args, 3);
+            PyObject *spell = PyObject_GetAttr(node, s_spell);
+            PyObject *args[] = {spell, ranges};
+            got = spell == NULL ? NULL : PyObject_Vectorcall(spelled_fn, args, 2, NULL);
+            Py_XDECREF(spell);
+            if (got != NULL && PyDict_SetItem(c->body_irs, key, got) < 0) Py_CLEAR(got);
         }
         if (got != NULL && untrack_graph(got) < 0) Py_CLEAR(got); /* IR made since */
     }
@@ -1910,19 +1914,19 @@ static PyObject *byte_groups(PyObject *self, PyObject *args) {
     return out;
 }
 
-/* configure(Chars, Seq, Alt, Repeat, Dfa, Ref, sequences, max_nfa_states, state_bytes,
- * edge_bytes, entry_bytes, tuple_base, tuple_item, row_bytes): what the module reads of
- * `regex_ir`, `nfa`, `states` and `sys.getsizeof`. */
+/* configure(Chars, Seq, Alt, Repeat, Dfa, Ref, sequences, spelled, max_nfa_states,
+ * state_bytes, edge_bytes, entry_bytes, tuple_base, tuple_item, row_bytes): what the module
+ * reads of `regex_ir`, `nfa`, `states` and `sys.getsizeof`. */
 static PyObject *configure(PyObject *self, PyObject *args) {
-    PyObject *t[7];
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!Olllllll", &PyType_Type, &t[0], &PyType_Type, &t[1],
-                          &PyType_Type, &t[2], &PyType_Type, &t[3], &PyType_Type, &t[4],
-                          &PyType_Type, &t[5], &t[6], &max_nfa_states, &state_bytes, &edge_bytes,
-                          &entry_bytes, &tuple_base, &tuple_item, &row_bytes))
+    PyObject *t[8];
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!OOlllllll", &PyType_Type, &t[0], &PyType_Type,
+                          &t[1], &PyType_Type, &t[2], &PyType_Type, &t[3], &PyType_Type, &t[4],
+                          &PyType_Type, &t[5], &t[6], &t[7], &max_nfa_states, &state_bytes,
+                          &edge_bytes, &entry_bytes, &tuple_base, &tuple_item, &row_bytes))
         return NULL;
-    PyObject **slot[] = {&chars_type, &seq_type,  &alt_type,    &repeat_type,
-                         &dfa_type,   &ref_type,  &sequences_fn};
-    for (int i = 0; i < 7; i++) Py_XSETREF(*slot[i], Py_NewRef(t[i]));
+    PyObject **slot[] = {&chars_type, &seq_type, &alt_type,     &repeat_type,
+                         &dfa_type,   &ref_type, &sequences_fn, &spelled_fn};
+    for (int i = 0; i < 8; i++) Py_XSETREF(*slot[i], Py_NewRef(t[i]));
     Py_RETURN_NONE;
 }
 
@@ -2121,14 +2125,14 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dfa_rows", NULL, -1,
 PyMODINIT_FUNC PyInit_dfa_rows(void) {
     const char *names[] = {"items", "item", "ranges", "facts", "tail", "_parts", "charge", "nbytes",
                            "new_state", "add",
-                           "check", "dead", "intern", "counted", "_body_ir", "live", "hi",
+                           "check", "dead", "intern", "counted", "spell", "live", "hi",
                            "lo", "table", "start", "accepting", "moves", "shortest", "longest",
                            "row", "row_pointers", "limits", "max_states", "max_state_size",
                            "pointers", "states", "nfa", "_block", "_next", "_new_block",
                            "check_time", "_end", "_cap", "_groups", "lexer", "_successors", "_tags", "tags"};
     PyObject **slots[] = {&s_items, &s_item, &s_ranges, &s_facts, &s_tail, &s_parts,
                           &s_charge, &s_nbytes, &s_new_state, &s_add, &s_check, &s_dead, &s_intern, &s_counted,
-                          &s_body_ir, &s_live, &s_hi, &s_lo, &s_table, &s_start,
+                          &s_spell, &s_live, &s_hi, &s_lo, &s_table, &s_start,
                           &s_accepting, &s_moves, &s_shortest, &s_longest, &s_row,
                           &s_row_pointers, &s_limits, &s_max_states, &s_max_state_size,
                           &s_pointers, &s_states, &s_nfa, &s_block, &s_next, &s_new_block,

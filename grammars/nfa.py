@@ -127,6 +127,15 @@ def _multibyte_sequences(lo: int, hi: int) -> tuple:
     return tuple(tuple(seq) for seq in utf8_sequences(lo, hi))
 
 
+@functools.lru_cache(maxsize=8192)
+def _spelled(spell, ranges: Ranges):
+    """What a Dfa with this `spell` reads for one code point of `ranges`: one IR node per pair,
+    shared by the grammars whose explicit DFAs read the class (the names excluded by many
+    schemas' objects), and found by the C rows without a Python call."""
+    chars = shared_chars(ranges)
+    return chars if spell is None else spell(chars)
+
+
 class NFA:
     """Lazy byte-range NFA; `tags[state]` marks accepting states (terminal id for lexers, 0 else)."""
 
@@ -364,11 +373,7 @@ class NFA:
         key = (id(node), ranges)
         got = self._body_irs.get(key)
         if got is None:
-            if ranges is None:
-                got = self.facts.counted(node)[0]
-            else:
-                chars = shared_chars(ranges)
-                got = chars if node.spell is None else node.spell(chars)
+            got = self.facts.counted(node)[0] if ranges is None else _spelled(node.spell, ranges)
             self._body_irs[key] = got
         return got
 
@@ -450,7 +455,7 @@ def configured_rows():
     few references set again: cheap), or None."""
     native = dfa_rows()
     if native is not None:
-        native.configure(Chars, Seq, Alt, Repeat, Dfa, Ref, _sequences, MAX_NFA_STATES,
+        native.configure(Chars, Seq, Alt, Repeat, Dfa, Ref, _sequences, _spelled, MAX_NFA_STATES,
                          _NFA_STATE_BYTES, _EDGE_BYTES, DICT_ENTRY_BYTES, *_TUPLE_BYTES, ROW_BYTES)  # fmt: skip
     return native
 
