@@ -911,15 +911,14 @@ static PyObject *c_body_ir(Ctx *c, PyObject *node, PyObject *ranges) {
             if (memo != NULL) {
                 got = Py_NewRef(PyTuple_GET_ITEM(memo, 1));
                 Py_DECREF(memo);
-                if (PyDict_SetItem(c->body_irs, key, got) < 0) Py_CLEAR(got);
             }
         } else {
             PyObject *spell = PyObject_GetAttr(node, s_spell);
             PyObject *args[] = {spell, ranges};
             got = spell == NULL ? NULL : PyObject_Vectorcall(spelled_fn, args, 2, NULL);
             Py_XDECREF(spell);
-            if (got != NULL && PyDict_SetItem(c->body_irs, key, got) < 0) Py_CLEAR(got);
         }
+        if (got != NULL && PyDict_SetItem(c->body_irs, key, got) < 0) Py_CLEAR(got);
         if (got != NULL && untrack_graph(got) < 0) Py_CLEAR(got); /* IR made since */
     }
     Py_DECREF(key);
