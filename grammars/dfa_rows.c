@@ -504,8 +504,8 @@ static int ctx_flush(Ctx *c, PyObject *budget) {
     return r == NULL ? -1 : 0;
 }
 
-/* Ends a call: what was built is counted and charged; a failed call's error stands. */
-static PyObject *ctx_done(Ctx *c, PyObject *budget, PyObject *out) {
+/* Ends a step: what was built is counted and charged; a failed step's error stands. */
+static PyObject *ctx_settle(Ctx *c, PyObject *budget, PyObject *out) {
     if (out != NULL) {
         if (ctx_flush(c, budget) < 0) Py_CLEAR(out);
     } else {
@@ -514,6 +514,12 @@ static PyObject *ctx_done(Ctx *c, PyObject *budget, PyObject *out) {
         if (ctx_count(c, budget) < 0) PyErr_Clear();
         PyErr_Restore(type, value, tb);
     }
+    return out;
+}
+
+/* Ends a call: `ctx_settle`, and the NFA's parts let go. */
+static PyObject *ctx_done(Ctx *c, PyObject *budget, PyObject *out) {
+    out = ctx_settle(c, budget, out);
     Py_XDECREF(c->parts);
     return out;
 }
@@ -1696,7 +1702,8 @@ static PyObject *inside_successors(PyObject *ints, PyObject *node, long v) {
     return out;
 }
 
-static int dfa_row(PyObject *dfa, long state);
+typedef struct Loaded Loaded;
+static int dfa_row(PyObject *dfa, long state, PyObject **pointers_out, Loaded *keep);
 
 /* `GrammarAutomaton._lex_groups(lex)`'s entry, made in C: the lexer's row (`dfa_row` when not
  * made yet), its byte groups (`row_groups`) and whether none of its live targets ends a
@@ -1710,7 +1717,7 @@ static PyObject *c_lex_groups(Ctx *c, PyObject *lexer, long lex) {
     Py_buffer at = {0};
     if (table_load(&d, lexer) < 0) return NULL;
     PyObject *made = PyList_GetItem(d.rows, lex); /* borrowed */
-    if (made == NULL || (made == Py_None && dfa_row(lexer, lex) < 0) ||
+    if (made == NULL || (made == Py_None && dfa_row(lexer, lex, NULL, NULL) < 0) ||
         (pointers = PyObject_GetAttr(d.states, s_pointers)) == NULL ||
         PyObject_GetBuffer(pointers, &at, PyBUF_C_CONTIGUOUS) < 0)
         goto done;
@@ -1947,22 +1954,55 @@ static int check_time(PyObject *budget) {
     return r == NULL ? -1 : 0;
 }
 
+/* What `dfa_row` reads of an automaton before a row: its table (`_parts`), and the NFA's parts
+ * for a regex DFA (`nfa` NULL for a grammar automaton's parser states). */
+struct Loaded {
+    PyObject *dfa, *nfa; /* new references; `dfa` NULL: nothing loaded */
+    Table d;             /* borrowed from `dfa`'s parts */
+    Ctx c;               /* its `parts` held */
+};
+
+static void loaded_clear(Loaded *l) {
+    Py_XDECREF(l->c.parts);
+    Py_XDECREF(l->nfa);
+    Py_XDECREF(l->dfa);
+    memset(l, 0, sizeof(*l));
+}
+
+/* `l` loaded from `dfa` (what it held let go): 0, or -1 with the error set and `l` empty */
+static int loaded_set(Loaded *l, PyObject *dfa) {
+    loaded_clear(l);
+    int ok = table_load(&l->d, dfa);
+    if (ok == 0 && l->d.by_targets != NULL)
+        ok = (l->nfa = PyObject_GetAttr(dfa, s_nfa)) == NULL ? -1 : ctx_load(&l->c, l->nfa);
+    if (ok < 0) {
+        loaded_clear(l);
+        return -1;
+    }
+    l->dfa = Py_NewRef(dfa);
+    return 0;
+}
+
 /* `StateRows.row` of `state` with `LazyDFA._compute_row` (`fill_row`) of `dfa`, or with a
  * grammar automaton's `_compute_row` (`c_parser_fill`) where `dfa` is one, the steps of both
  * without their Python frames, for the trie walk: the clock checked,
  * the row written into the next free row of the states' block (a new block from
  * `StateRows._new_block` when it is full; the row is taken before it is written, as there), the
  * row's bytes charged, (block, index) kept in `_rows` for `StateRows.row` to view, and its
- * address put in `pointers`. 0, or -1 with the error set. */
-static int dfa_row(PyObject *dfa, long state) {
-    PyObject *states = PyObject_GetAttr(dfa, s_states), *nfa = NULL, *block = NULL, *r = NULL;
+ * address put in `pointers` (the array handed to `*pointers_out` when that is not NULL). What it
+ * loads of `dfa` is kept in `keep` when given (a walk's rows of one automaton load it once).
+ * 0, or -1 with the error set. */
+static int dfa_row(PyObject *dfa, long state, PyObject **pointers_out, Loaded *keep) {
+    PyObject *block = NULL, *r = NULL;
     Py_buffer rows = {0}, pointers = {0};
     int ok = -1;
-    Table d;
-    Ctx c;
-    if (states == NULL || table_load(&d, dfa) < 0) goto done;
+    Loaded local = {0}, *l = keep != NULL ? keep : &local;
+    if (l->dfa != dfa && loaded_set(l, dfa) < 0) goto done;
+    Table d = l->d;
+    Ctx *c = &l->c;
+    PyObject *states = d.states;
     int parser = d.by_targets == NULL; /* a grammar automaton's parser states */
-    if (!parser && (nfa = PyObject_GetAttr(dfa, s_nfa)) == NULL) goto done;
+    c->steps = c->nfa_bytes = c->table_bytes = 0;
     PyObject *set = PyList_GetItem(d.sets, state); /* borrowed */
     if (set == NULL || !PyTuple_Check(set)) {
         if (set != NULL) PyErr_SetString(PyExc_TypeError, "dfa_rows: a DFA state is not a tuple");
@@ -1987,15 +2027,10 @@ static int dfa_row(PyObject *dfa, long state) {
     Py_CLEAR(r);
     int32_t *row = (int32_t *)rows.buf + 256 * next;
     memset(row, 0xff, 256 * sizeof(int32_t)); /* -1s: blocks are left as allocated */
-    if (parser) {
-        memset(&c, 0, sizeof(c));
-    } else if (ctx_load(&c, nfa) < 0) {
-        goto done;
-    }
-    int made = parser ? c_parser_fill(&c, &d, dfa, state, row) : c_fill_row(&c, &d, set, row);
+    int made = parser ? c_parser_fill(c, &d, dfa, state, row) : c_fill_row(c, &d, set, row);
     PyObject *filled = made == 0 ? Py_NewRef(Py_None) : NULL;
-    if (filled != NULL) c.table_bytes += row_bytes;
-    if ((filled = ctx_done(&c, d.budget, filled)) == NULL) goto done;
+    if (filled != NULL) c->table_bytes += row_bytes;
+    if ((filled = ctx_settle(c, d.budget, filled)) == NULL) goto done;
     Py_DECREF(filled);
     PyObject *where = Py_BuildValue("(Ol)", block, next), *p = NULL;
     if (where == NULL) goto done;
@@ -2005,6 +2040,7 @@ static int dfa_row(PyObject *dfa, long state) {
         Py_XDECREF(p);
         goto done;
     }
+    if (pointers_out != NULL) *pointers_out = Py_NewRef(p);
     Py_DECREF(p); /* the states hold it */
     if (pointers.len < (Py_ssize_t)((state + 1) * sizeof(int64_t))) {
         PyErr_SetString(PyExc_IndexError, "dfa_rows: a state past the rows' addresses");
@@ -2017,8 +2053,7 @@ done:
     if (pointers.obj != NULL) PyBuffer_Release(&pointers);
     Py_XDECREF(r);
     Py_XDECREF(block);
-    Py_XDECREF(nfa);
-    Py_XDECREF(states);
+    loaded_clear(&local);
     return ok;
 }
 
@@ -2026,6 +2061,7 @@ done:
  * rows' addresses (held while the walk reads them) and the first error of a callback; per
  * thread, since walks run without the GIL. */
 static _Thread_local PyObject *walk_automaton, *walk_dfa, *walk_rows, *walk_error;
+static _Thread_local Loaded walk_loaded; /* what the walk's rows loaded of `walk_dfa` */
 static long walks_running; /* begun, not ended, on any thread (changed with the GIL held) */
 
 /* trie_walk.c's `fill`: computes `state`'s row (`dfa_row`, else `automaton.row(state)`) and
@@ -2037,9 +2073,7 @@ static int64_t walk_fill(int32_t state, int64_t *num_rows) {
     int64_t out = 0;
     PyObject *rows = NULL;
     if (walk_dfa != NULL) {
-        PyObject *states = dfa_row(walk_dfa, state) < 0 ? NULL : PyObject_GetAttr(walk_dfa, s_states);
-        if (states != NULL) rows = PyObject_GetAttr(states, s_pointers);
-        Py_XDECREF(states);
+        if (dfa_row(walk_dfa, state, &rows, &walk_loaded) < 0) Py_CLEAR(rows);
     } else {
         PyObject *s = PyLong_FromLong(state), *r = NULL;
         if (s != NULL) r = PyObject_CallMethodOneArg(walk_automaton, s_row, s);
@@ -2084,6 +2118,7 @@ static PyObject *begin_walk(PyObject *self, PyObject *args) {
     Py_XSETREF(walk_dfa, dfa == Py_None ? NULL : Py_NewRef(dfa));
     Py_XSETREF(walk_rows, Py_NewRef(rows));
     Py_CLEAR(walk_error);
+    loaded_clear(&walk_loaded);
     walks_running++;
     return PyLong_FromVoidPtr((void *)walk_fill);
 }
@@ -2095,6 +2130,7 @@ static PyObject *end_walk(PyObject *self, PyObject *unused) {
     Py_CLEAR(walk_automaton);
     Py_CLEAR(walk_dfa);
     Py_CLEAR(walk_rows);
+    loaded_clear(&walk_loaded);
     PyObject *error = walk_error;
     walk_error = NULL;
     return error != NULL ? error : Py_NewRef(Py_None);

@@ -2,9 +2,9 @@
 
 A state is a hashable set (of NFA states, or of parser positions) interned to an int; its row
 is an int32[256] of successor states (-1 = dead), computed the first time someone asks. Rows
-live in blocks of up to 64 that are never copied or moved (a table of all states would be
-copied each time it grew, and a large automaton's growth copied megabytes in the middle of a
-mask), handed out in the order rows are computed. `pointers` holds each computed row's
+live in blocks of 64 that are never copied or moved (a table of all states would be copied
+each time it grew, and a large automaton's growth copied megabytes in the middle of a mask),
+handed out in the order rows are computed. `pointers` holds each computed row's
 address (0 before), for the native trie walk (`native_walk`), which reads the rows where they
 are.
 """
@@ -23,7 +23,8 @@ from .native_rows import dfa_rows
 DICT_ENTRY_BYTES = 100  # a dict or set slot, its hash and key tuple, roughly
 ROW_BYTES = np.empty(256, dtype=np.int32).nbytes + sys.getsizeof(np.empty(0)) + 8
 POINTER_BYTES = 8
-_BLOCK_ROWS = 64  # rows per block, once the first blocks (4, 8, ...) are used up
+_BLOCK_ROWS = 64  # rows per block
+_FIRST_POINTERS = 256  # room for this many states' row addresses before the array grows
 
 K = TypeVar("K")
 
@@ -51,7 +52,7 @@ class StateRows:
         native = dfa_rows()
         if native is not None:  # tuples of ints and rows: no reference cycle runs through them
             native.untrack_lists(self.sets, self._rows)
-        self.pointers = np.zeros(64, dtype=np.int64)
+        self.pointers = np.zeros(_FIRST_POINTERS, dtype=np.int64)
         budget.charge(self.pointers.nbytes)
         self._block = np.empty((0, 256), dtype=np.int32)  # where the next rows go
         self._next = 0  # the next free row of `_block`
@@ -103,9 +104,8 @@ class StateRows:
         return got
 
     def _new_block(self) -> None:
-        """The next rows go into a new block (4, 8, ... rows, then `_BLOCK_ROWS`), left as
-        allocated: each row is set to -1s as it is taken, so the pages of rows never taken are
-        never touched."""
-        rows = min(_BLOCK_ROWS, max(4, 2 * self._block.shape[0]))
-        self._block = np.empty((rows, 256), dtype=np.int32)
+        """The next rows go into a new block of `_BLOCK_ROWS`, left as allocated: each row is
+        set to -1s as it is taken, so the pages of rows never taken are never touched (a
+        small automaton's block costs the pages of its rows, not 64 KB)."""
+        self._block = np.empty((_BLOCK_ROWS, 256), dtype=np.int32)
         self._next, self._address = 0, self._block.ctypes.data
