@@ -131,7 +131,8 @@ def _multibyte_sequences(lo: int, hi: int) -> tuple:
 def _spelled(spell, ranges: Ranges):
     """What a Dfa with this `spell` reads for one code point of `ranges`: one IR node per pair,
     shared by the grammars whose explicit DFAs read the class (the names excluded by many
-    schemas' objects), and found by the C rows without a Python call."""
+    schemas' objects); the C rows call the cache itself, so a class spelled before costs them
+    no Python frame."""
     chars = shared_chars(ranges)
     return chars if spell is None else spell(chars)
 
