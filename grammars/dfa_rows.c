@@ -2136,8 +2136,21 @@ static PyObject *end_walk(PyObject *self, PyObject *unused) {
     return error != NULL ? error : Py_NewRef(Py_None);
 }
 
-/* walks_running() -> the number of trie walks begun and not yet ended, on all threads. */
+/* walks_running() -> the number of trie walks begun and not yet ended, on all threads, and of
+ * mask fills held (`hold_fill`). */
 static PyObject *walks(PyObject *self, PyObject *unused) { return PyLong_FromLong(walks_running); }
+
+/* hold_fill() / release_fill(): a mask fill begins / ends, counted with the walks, so that the
+ * reaper takes no slice in its Python parts either (a tensor copy lets go of the GIL). */
+static PyObject *hold_fill(PyObject *self, PyObject *unused) {
+    walks_running++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *release_fill(PyObject *self, PyObject *unused) {
+    walks_running--;
+    Py_RETURN_NONE;
+}
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, "The IR classes, helpers and costs the rows use."},
@@ -2147,7 +2160,9 @@ static PyMethodDef methods[] = {
     {"untrack_lists", untrack_lists, METH_VARARGS, "Take lists of atoms out of it."},
     {"untracked", untracked, METH_O, "A tuple of atoms, out of the collector's sight."},
     {"end_walk", end_walk, METH_NOARGS, "End a trie walk: its callback's error or None."},
-    {"walks_running", walks, METH_NOARGS, "Trie walks begun and not yet ended."},
+    {"walks_running", walks, METH_NOARGS, "Trie walks begun and not yet ended, and held fills."},
+    {"hold_fill", hold_fill, METH_NOARGS, "A mask fill begins: the reaper waits."},
+    {"release_fill", release_fill, METH_NOARGS, "A mask fill ends."},
     {"closure", closure, METH_VARARGS, "LazyDFA.closure of a tuple of NFA states."},
     {"fill_row", fill_row, METH_VARARGS, "LazyDFA._compute_row into an int32[256] buffer."},
     {"byte_groups", byte_groups, METH_VARARGS, "LazyDFA.byte_groups of an int32[256] row."},

@@ -19,6 +19,7 @@ import torch
 from .automaton import ByteAutomaton
 from .budget import GrammarBudgetExceeded, GrammarLimits
 from .masks import WalkTable, compute_mask
+from .reaper import filling
 from .states import DICT_ENTRY_BYTES
 from .tokenizer_index import TokenizerIndex
 
@@ -177,7 +178,8 @@ class GrammarMatcher:
                 f"bitmask row must be int32 with {words} words, got {bitmask_row.dtype} "
                 f"{tuple(bitmask_row.shape)}"
             )
-        bitmask_row.copy_(torch.from_numpy(self.next_token_mask()))
+        with filling:
+            bitmask_row.copy_(torch.from_numpy(self.next_token_mask()))
 
     @_failing_for_good
     def accept(self, token_id: int) -> bool:

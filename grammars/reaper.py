@@ -6,8 +6,8 @@ the GIL for milliseconds (13 ms for one walked Github_hard grammar here): inside
 whose insertion evicted it, and stalling every other thread meanwhile. The reaper's thread takes
 such a grammar apart instead: the lists and dicts it alone holds (`CompiledGrammar.containers`)
 are emptied `SLICE` items at a time, letting go of the GIL in between and pausing while a
-mask's trie walk runs (the walk runs without the GIL, but its row callbacks take it: each
-would wait for a slice), and the rest is freed once they are empty. It runs while the CPU is
+mask is filled (its trie walk runs without the GIL, but its row callbacks take it: each would
+wait for a slice; so would its Python parts), and the rest is freed once they are empty. It runs while the CPU is
 otherwise idle or busy without the GIL (waiting for the GPU, in torch ops, in the tokenizer);
 with no such time, the compile that the GIL's switch interval interrupts lends it a slice
 every few milliseconds. A grammar that something else still holds (a matcher) is only let go of,
@@ -31,9 +31,29 @@ PAUSE_S = 0.0002  # between looks at whether a walk still runs
 
 
 def walks_running() -> int:
-    """Trie walks in progress on any thread (none counted without the C rows)."""
+    """Trie walks and mask fills (`filling`) in progress on any thread (none counted without
+    the C rows)."""
     native = dfa_rows()
     return 0 if native is None else native.walks_running()
+
+
+class _Filling:
+    """`with filling:` around a mask fill, so that the reaper takes no slice in it: a fill's
+    Python parts run with the GIL, and its tensor copy lets go of it, where the reaper would
+    otherwise free a slice that the fill then waits for."""
+
+    def __enter__(self) -> None:
+        native = dfa_rows()
+        if native is not None:
+            native.hold_fill()
+
+    def __exit__(self, *exc: object) -> None:
+        native = dfa_rows()
+        if native is not None:
+            native.release_fill()
+
+
+filling = _Filling()
 
 
 def _refs(obj: object) -> int:
@@ -70,7 +90,7 @@ def _take_apart(grammar) -> None:
                 for _ in range(min(SLICE, len(box))):
                     box.popitem()
             time.sleep(0)  # lets go of the GIL: a waiting thread runs next
-            while walks_running():  # a walk's row callbacks would wait for each slice
+            while walks_running():  # a fill (or a walk's row callbacks) would wait for a slice
                 time.sleep(PAUSE_S)
 
 

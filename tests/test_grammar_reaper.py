@@ -12,7 +12,7 @@ import pytest
 from tiny_models import tiny_tokenizer
 
 import radixflow.grammars.reaper as reaper_module
-from radixflow.grammars import GrammarCompiler
+from radixflow.grammars import GrammarCompiler, allocate_token_bitmask
 from radixflow.grammars.cfg import GrammarAutomaton
 from radixflow.grammars.reaper import Reaper, reaper
 
@@ -163,4 +163,33 @@ def test_walks_in_progress_are_counted_for_the_reaper(tok, monkeypatch):
     failing.automaton.row = failing_row
     with pytest.raises(RuntimeError, match="row callback failed"):
         failing.matcher().next_token_mask()
+    assert reaper_module.walks_running() == 0
+
+
+def test_mask_fills_in_progress_are_counted_for_the_reaper(tok, monkeypatch):
+    """The reaper takes no slice while a mask is filled, its Python parts and tensor copy
+    included (the copy lets go of the GIL): a fill counts itself from its start to its end,
+    and not after, a failing fill included."""
+    if reaper_module.dfa_rows() is None:
+        pytest.skip("fills are counted by the native rows, not built here")
+    matcher = GrammarCompiler(tok).compile_json_schema(SCHEMA).matcher()
+    seen = []
+    made = type(matcher).next_token_mask
+
+    def next_token_mask(self):
+        seen.append(reaper_module.walks_running())
+        return made(self)
+
+    monkeypatch.setattr(type(matcher), "next_token_mask", next_token_mask)
+    bitmask = allocate_token_bitmask(1, matcher.grammar.index.vocab_size)
+    matcher.fill_mask(bitmask[0])
+    assert seen == [1] and reaper_module.walks_running() == 0
+    assert bitmask[0].any()  # the mask was written
+
+    def failing(self):
+        raise RuntimeError("fill failed")
+
+    monkeypatch.setattr(type(matcher), "next_token_mask", failing)
+    with pytest.raises(RuntimeError, match="fill failed"):
+        matcher.fill_mask(bitmask[0])
     assert reaper_module.walks_running() == 0
