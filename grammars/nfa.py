@@ -456,8 +456,9 @@ def configured_rows():
     few references set again: cheap), or None."""
     native = dfa_rows()
     if native is not None:
-        native.configure(Chars, Seq, Alt, Repeat, Dfa, Ref, _sequences, _spelled, MAX_NFA_STATES,
-                         _NFA_STATE_BYTES, _EDGE_BYTES, DICT_ENTRY_BYTES, *_TUPLE_BYTES, ROW_BYTES)  # fmt: skip
+        native.configure(Chars, Seq, Alt, Repeat, Dfa, Ref, _sequences, _spelled,
+                         MAX_NFA_STATES, _NFA_STATE_BYTES, _EDGE_BYTES, DICT_ENTRY_BYTES,
+                         *_TUPLE_BYTES, ROW_BYTES)  # fmt: skip
     return native
 
 

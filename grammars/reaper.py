@@ -7,10 +7,10 @@ whose insertion evicted it, and stalling every other thread meanwhile. The reape
 such a grammar apart instead: the lists and dicts it alone holds (`CompiledGrammar.containers`)
 are emptied `SLICE` items at a time, letting go of the GIL in between and pausing while a
 mask is filled (its trie walk runs without the GIL, but its row callbacks take it: each would
-wait for a slice; so would its Python parts), and the rest is freed once they are empty. It runs while the CPU is
-otherwise idle or busy without the GIL (waiting for the GPU, in torch ops, in the tokenizer);
-with no such time, the compile that the GIL's switch interval interrupts lends it a slice
-every few milliseconds. A grammar that something else still holds (a matcher) is only let go of,
+wait for a slice; so would its Python parts), and the rest is freed once they are empty. It
+runs while the CPU is otherwise idle or busy without the GIL (waiting for the GPU, in torch
+ops, in the tokenizer); with no such time, the compile that the GIL's switch interval
+interrupts lends it a slice every few milliseconds. A grammar that something else still holds (a matcher) is only let go of,
 and freed when its last holder lets go. Past `MAX_WAITING` waiting grammars, the thread that
 drops more frees the oldest itself, so that memory stays bounded.
 """
@@ -27,7 +27,7 @@ from .native_rows import dfa_rows
 
 SLICE = 256  # items freed per hold of the GIL
 MAX_WAITING = 16  # grammars waiting past this are freed by the thread that drops more
-PAUSE_S = 0.0002  # between looks at whether a walk still runs
+PAUSE_S = 0.0002  # between looks at whether a walk or fill still runs
 
 
 def walks_running() -> int:
