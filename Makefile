@@ -51,8 +51,10 @@ typecheck: install
 		$(CURDIR)/grammars $(TYPECHECK_ROOT)/
 	$(VENV)/bin/mypy
 
+# The tests keep what they build once (the converted default model, the compiled kernels) in
+# the checkout rather than in ~/.cache: a fresh clone builds it all itself, as CI's does.
 test: lint typecheck
-	$(VENV)/bin/pytest -q
+	RADIXFLOW_CACHE_DIR="$${RADIXFLOW_CACHE_DIR:-$(CURDIR)/build/cache}" $(VENV)/bin/pytest -q
 
 bench: install
 	$(PY) benchmarks/offline_throughput.py

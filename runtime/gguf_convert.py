@@ -6,8 +6,13 @@ as safetensors under Hugging Face parameter names, so the rest of the runtime se
 stored as their GGUF bytes, uint8 [N, row_bytes], and named with their qtype and float shape in
 the file's metadata (PACKED_METADATA_KEY); every other tensor is dequantized to float32.
 
-    ~/.cache/radixflow/gguf/<stem>-<hash of path, size, mtime>/
+    ~/.cache/radixflow/gguf/<stem>-<hash of the converter version and the file's sha256>/
         config.json  tokenizer.json  tokenizer_config.json  chat_template.jinja  model.safetensors
+
+The folder is named by the file's content, so every copy of one GGUF (the default model's
+package installed in several virtual environments, a reinstall, a copied file) shares one
+conversion instead of adding hundreds of megabytes per copy. A file is read for its digest once:
+the digest is remembered under `gguf_sources/`, keyed by the file's path, size and mtime.
 """
 
 from __future__ import annotations
@@ -81,12 +86,35 @@ def cache_root() -> Path:
 
 
 def cache_dir_for(gguf_path: str | os.PathLike[str]) -> Path:
-    """The cache folder of one GGUF file, keyed by its resolved path, size and mtime."""
+    """The cache folder of one GGUF file, keyed by the converter's version and the file's
+    content (`content_digest`)."""
     path = Path(gguf_path).resolve()
+    ident = f"v{CONVERTER_VERSION}|{content_digest(path)}"
+    return cache_root() / f"{path.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+
+
+def content_digest(path: Path) -> str:
+    """The sha256 of `path`'s bytes (hex), read once per path, size and mtime: later calls find
+    it under `gguf_sources/` (a read-only or missing cache folder only costs the reading)."""
     st = path.stat()
-    ident = f"v{CONVERTER_VERSION}|{path}|{st.st_size}|{st.st_mtime_ns}"
-    digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
-    return cache_root() / f"{path.stem}-{digest}"
+    source = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+    memo = cache_dir("gguf_sources") / hashlib.sha256(source.encode()).hexdigest()[:32]
+    try:
+        known = memo.read_text()
+        if len(known) == 64 and all(c in "0123456789abcdef" for c in known):
+            return known
+    except OSError:
+        pass
+    with path.open("rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    try:  # written beside it, then renamed: a reader never sees a partial digest
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f".{memo.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        tmp.write_text(digest)
+        tmp.replace(memo)
+    except OSError:
+        pass
+    return digest
 
 
 def convert_gguf(gguf_path: str | os.PathLike[str]) -> Path:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import shutil
 from importlib import metadata
 from pathlib import Path
 
@@ -352,6 +354,34 @@ def test_changed_gguf_gets_a_new_cache_entry(tmp_path):
     write_gguf(path, random_model("llama", seed=2))
     second = gguf_convert.convert_gguf(path)
     assert first != second and first.is_dir() and second.is_dir()
+
+
+def test_copies_of_one_gguf_share_one_conversion(tmp_path, monkeypatch):
+    # The same file installed twice (another virtual environment, a reinstall): one folder.
+    for venv in ("a", "b"):
+        (tmp_path / venv).mkdir()
+    first = write_gguf(tmp_path / "a" / "t.gguf", random_model("llama"), {"ffn": Q.Q8_0})
+    copy = shutil.copyfile(first, tmp_path / "b" / "t.gguf")
+    converted = gguf_convert.convert_gguf(first)
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(gguf_convert, "GGUFReader", no_conversion)
+    assert gguf_convert.convert_gguf(copy) == converted
+    assert [p.name for p in converted.parent.iterdir()] == [converted.name]
+
+
+def test_a_gguf_is_read_for_its_digest_once(tmp_path, monkeypatch):
+    path = write_gguf(tmp_path / "t.gguf", random_model("llama"))
+    folder = gguf_convert.cache_dir_for(path)
+    with monkeypatch.context() as m:
+        m.setattr(hashlib, "file_digest", lambda *a, **k: pytest.fail("read the file again"))
+        assert gguf_convert.cache_dir_for(path) == folder
+    (memo,) = (tmp_path / "cache" / "gguf_sources").iterdir()
+    memo.write_text("not a digest")  # damaged: read the file again, the same folder
+    assert gguf_convert.cache_dir_for(path) == folder
+    assert memo.read_text() == hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_interrupted_conversion_leaves_no_cache_entry(tmp_path, monkeypatch):
