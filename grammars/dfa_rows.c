@@ -393,10 +393,24 @@ typedef struct {
     PyObject *eps, *edges, *runs, *ids, *shared, *lifts, *lifted, *order, *tags;
     PyObject *ends, *bodies, *body_irs, *counted; /* `counted`: the NFA's facts' memo */
     PyObject *ints; /* the NFA states' shared ints (`state_int`) */
+    /* the last Dfa node `c_dfa_moves` read and what it read of it (new references): the
+     * states of one explicit DFA follow one another, each asking for the same attributes */
+    PyObject *dfa_node, *dfa_hi, *dfa_table, *dfa_accepting, *dfa_moves;
+    long dfa_lo;
     long steps;       /* closure steps in this call, for the clock checks */
     long nfa_bytes;   /* NFA states, moves, edges: counted on the NFA and its budget */
     long table_bytes; /* target sets: `budget.charge` */
 } Ctx;
+
+/* Lets go of what `c` holds: the NFA's parts and the last Dfa node read. */
+static void ctx_release(Ctx *c) {
+    Py_CLEAR(c->parts);
+    Py_CLEAR(c->dfa_node);
+    Py_CLEAR(c->dfa_hi);
+    Py_CLEAR(c->dfa_table);
+    Py_CLEAR(c->dfa_accepting);
+    Py_CLEAR(c->dfa_moves);
+}
 
 static int ctx_load(Ctx *c, PyObject *nfa) {
     memset(c, 0, sizeof(*c));
@@ -439,7 +453,7 @@ static PyObject *untrack_made(PyObject *self, PyObject *nfa) {
     untrack_dict(c.ids, 1);
     untrack_dict(c.runs, 1);
     untrack_dict(c.counted, 1);
-    Py_DECREF(c.parts);
+    ctx_release(&c);
     Py_RETURN_NONE;
 }
 
@@ -451,10 +465,11 @@ static PyObject *untracked(PyObject *self, PyObject *key) {
 }
 
 /* untrack_lists(*lists): takes lists that hold only ints, tuples of ints, None and numpy rows
- * out of the collector's sight (`untrack`); a TypeError for anything but a list. */
+ * (and, for a subclass, attributes of such) out of the collector's sight (`untrack`); a
+ * TypeError for anything but a list. */
 static PyObject *untrack_lists(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); i++)
-        if (!PyList_CheckExact(PyTuple_GET_ITEM(args, i))) {
+        if (!PyList_Check(PyTuple_GET_ITEM(args, i))) {
             PyErr_SetString(PyExc_TypeError, "untrack_lists takes lists");
             return NULL;
         }
@@ -520,7 +535,7 @@ static PyObject *ctx_settle(Ctx *c, PyObject *budget, PyObject *out) {
 /* Ends a call: `ctx_settle`, and the NFA's parts let go. */
 static PyObject *ctx_done(Ctx *c, PyObject *budget, PyObject *out) {
     out = ctx_settle(c, budget, out);
-    Py_XDECREF(c->parts);
+    ctx_release(c);
     return out;
 }
 
@@ -1021,6 +1036,28 @@ static int c_live(Ctx *c, PyObject *table, long t, long count, long lo, PyObject
     return live;
 }
 
+/* `c`'s last Dfa node read, `node` (its lo, hi, table and the table's accepting and moves):
+ * 0, or -1 with the error set and nothing kept */
+static int dfa_node_load(Ctx *c, PyObject *node) {
+    Py_CLEAR(c->dfa_node);
+    Py_CLEAR(c->dfa_hi);
+    Py_CLEAR(c->dfa_table);
+    Py_CLEAR(c->dfa_accepting);
+    Py_CLEAR(c->dfa_moves);
+    int no_lo;
+    if (long_attr(node, s_lo, &c->dfa_lo, &no_lo) < 0 || (c->dfa_hi = PyObject_GetAttr(node, s_hi)) == NULL ||
+        (c->dfa_table = PyObject_GetAttr(node, s_table)) == NULL ||
+        (c->dfa_accepting = PyObject_GetAttr(c->dfa_table, s_accepting)) == NULL ||
+        (c->dfa_moves = PyObject_GetAttr(c->dfa_table, s_moves)) == NULL) {
+        Py_CLEAR(c->dfa_hi);
+        Py_CLEAR(c->dfa_table);
+        Py_CLEAR(c->dfa_accepting);
+        return -1;
+    }
+    c->dfa_node = Py_NewRef(node);
+    return 0;
+}
+
 /* `NFA._dfa_moves` into `out`: the moves of Dfa `node` at `arg` = (table state, count) */
 static int c_dfa_moves(Ctx *c, PyObject *node, PyObject *arg, long nxt, Longs *out) {
     if (!PyTuple_Check(arg) || PyTuple_GET_SIZE(arg) != 2) {
@@ -1028,23 +1065,23 @@ static int c_dfa_moves(Ctx *c, PyObject *node, PyObject *arg, long nxt, Longs *o
         return -1;
     }
     long s = PyLong_AsLong(PyTuple_GET_ITEM(arg, 0)), count = PyLong_AsLong(PyTuple_GET_ITEM(arg, 1));
-    long lo;
-    int no_lo;
-    if (PyErr_Occurred() || long_attr(node, s_lo, &lo, &no_lo) < 0) return -1;
-    PyObject *hi_obj = PyObject_GetAttr(node, s_hi), *table = NULL, *accepting = NULL;
-    PyObject *moves = NULL, *row = NULL, *fast = NULL;
+    if (PyErr_Occurred() || (c->dfa_node != node && dfa_node_load(c, node) < 0)) return -1;
+    long lo = c->dfa_lo;
+    PyObject *hi_obj = c->dfa_hi, *table = c->dfa_table, *moves = c->dfa_moves;
+    PyObject *row = NULL, *fast = NULL;
     int ok = -1;
-    if (hi_obj == NULL || (table = PyObject_GetAttr(node, s_table)) == NULL ||
-        (accepting = PyObject_GetAttr(table, s_accepting)) == NULL ||
-        (moves = PyObject_GetAttr(table, s_moves)) == NULL)
-        goto done;
-    PyObject *acc = PySequence_GetItem(accepting, s);
+    PyObject *acc = PySequence_GetItem(c->dfa_accepting, s);
     int accepts = acc == NULL ? -1 : PyObject_IsTrue(acc);
     Py_XDECREF(acc);
     if (accepts < 0 || (accepts && count >= lo && longs_push(out, nxt) < 0)) goto done;
     long more = hi_obj != Py_None || count < lo ? count + 1 : count;
-    if ((row = PySequence_GetItem(moves, s)) == NULL ||
-        (fast = PySequence_Fast(row, "dfa_rows: a table row is not a sequence")) == NULL)
+    /* a list's row read in place where made (a lazily made table's rows, `_AllButRows`, are
+     * a list whose subclass makes a missing one) */
+    row = PyList_Check(moves) && s >= 0 && s < PyList_GET_SIZE(moves) &&
+                  PyList_GET_ITEM(moves, s) != Py_None
+              ? Py_NewRef(PyList_GET_ITEM(moves, s))
+              : PySequence_GetItem(moves, s);
+    if (row == NULL || (fast = PySequence_Fast(row, "dfa_rows: a table row is not a sequence")) == NULL)
         goto done;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
         PyObject *move = PySequence_Fast_GET_ITEM(fast, i); /* (ranges, target) */
@@ -1066,10 +1103,6 @@ static int c_dfa_moves(Ctx *c, PyObject *node, PyObject *arg, long nxt, Longs *o
     }
     ok = 0;
 done:
-    Py_XDECREF(hi_obj);
-    Py_XDECREF(table);
-    Py_XDECREF(accepting);
-    Py_XDECREF(moves);
     Py_XDECREF(row);
     Py_XDECREF(fast);
     return ok;
@@ -1963,7 +1996,7 @@ struct Loaded {
 };
 
 static void loaded_clear(Loaded *l) {
-    Py_XDECREF(l->c.parts);
+    ctx_release(&l->c);
     Py_XDECREF(l->nfa);
     Py_XDECREF(l->dfa);
     memset(l, 0, sizeof(*l));

@@ -22,8 +22,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .budget import GrammarLimits
+from .native_rows import dfa_rows
 from .nfa import Deadline
-from .regex_dfa import DfaTable, Moves
+from .regex_dfa import DfaTable
 from .regex_ir import (
     MAX_CODEPOINT,
     Alt,
@@ -154,27 +155,32 @@ def _all_but(words: tuple[str, ...]) -> DfaTable:
     return DfaTable(_AllButRows(moves, past), accepting, (shortest, (math.inf,) * (past + 1)))
 
 
-class _AllButRows(Sequence):
-    """The rows of `_all_but`'s table, each made on first use."""
+class _AllButRows(list):
+    """The rows of `_all_but`'s table, each made on first use: a list of the rows made so far
+    (None for the others) that makes a missing one when indexed, so that the C rows read a made
+    one in place (`dfa_rows.c_dfa_moves`). It holds tuples of ints and None only, and is kept
+    out of the cyclic collector's sight (`untrack_lists`) for as long as the table is cached."""
 
     def __init__(self, kids: tuple[tuple[tuple[int, int], ...], ...], past: int):
+        super().__init__([None] * past)
+        self.append(((ANY_CHAR, past),))
         self._kids = kids  # per trie node, its (code point, child)s in code point order
-        self._past = past  # the state past the trie
-        self._rows: dict[int, Moves] = {past: ((ANY_CHAR, past),)}  # the rows made so far
-
-    def __len__(self) -> int:
-        return self._past + 1
+        native = dfa_rows()
+        if native is not None:
+            native.untrack_lists(self)
 
     def __getitem__(self, s):  # an int, as DfaTable's readers index it
-        row = self._rows.get(s)
+        row = super().__getitem__(s)
         if row is None:
-            if not 0 <= s < self._past:
-                raise IndexError(f"state {s} of a table of {self._past + 1}")
             children = self._kids[s]
             out = [(((cp, cp),), child) for cp, child in children]
-            out.append((_punch(ANY_CHAR, [cp for cp, _ in children]), self._past))
-            row = self._rows[s] = tuple(out)
+            out.append((_punch(ANY_CHAR, [cp for cp, _ in children]), len(self) - 1))
+            row = tuple(out)
+            self[s] = row
         return row
+
+    def __iter__(self):
+        return (self[s] for s in range(len(self)))
 
 
 def _without_trie(
