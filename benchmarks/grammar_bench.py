@@ -29,6 +29,8 @@ trie walk (`RADIXFLOW_GRAMMAR_NATIVE=0`), for the native walk's effect in the sa
 instance that was wrongly accepted or rejected with the byte offset of the rejected token.
 `--store results.json` keeps each run's outcomes, so that a later run of one engine is tabled
 beside the others' stored results for the same schema files (the peers need not run again).
+`--side-by-side` prints one table per tokenizer with a row per subset and the engines' figures
+beside each other (the README's tables; `--engines '' --store F --side-by-side` reprints F).
 Peers run only when importable (`pip install llguidance xgrammar outlines-core`). One file for
 the harness, its four engine adapters and its table, so that it runs on its own.
 """
@@ -483,6 +485,54 @@ def print_results(stats: dict[tuple[str, str, str], Stats], subsets: list[str]) 
     print_table(HEADERS, rows)
 
 
+SIDE_HEADERS = [
+    "subset", "passed", "invalid accepted", "compile p50 ms", "compile p99 ms", "mask p99 ms",
+    "vs llguidance: compile p50 / p99, mask p99 (both compiled)",
+]  # fmt: skip
+
+
+def print_side_by_side(stats: dict[tuple[str, str, str], Stats], subsets: list[str]) -> None:
+    """Per tokenizer, a row per subset (and all of them): each engine's figures beside the
+    others', then the first engine's ratios to llguidance's over all schemas and over those
+    both compiled."""
+    tokenizers = list(dict.fromkeys(t for t, _s, _e in stats))
+    engines = [e for e in ENGINES if any(e == got for _t, _s, got in stats)]
+    for tok_name in tokenizers:
+        rows = []
+        for subset in [*subsets, "all"]:
+            got = [_subset_stats(stats, tok_name, subset, e) for e in engines]
+            figures = [g.figures() for g in got]
+            each = {k: " / ".join(_num(f[k]) for f in figures) for k in figures[0]}
+            ratios = ""
+            if "llguidance" in engines and engines[0] != "llguidance":
+                mine, peer = got[0], got[engines.index("llguidance")]
+                over_all = ratio_row(mine, peer)[5:8:2]
+                both = compiled_by_both(mine, peer)
+                also = ratio_row(*both)[5:8:2] if both is not None else ["", ""]
+                ratios = f"{_short(over_all)} ({_short(also)})"
+            rows.append([
+                subset,
+                f"{' / '.join(str(g.count('passed')) for g in got)} of {len(got[0].outcomes)}",
+                " / ".join(str(sum(o.invalid_accepted for o in g.outcomes)) for g in got),
+                each["compile p50"], each["compile p99"], each["mask p99"], ratios,
+            ])  # fmt: skip
+        print(f"\n{tok_name}: {' / '.join(engines)}\n")
+        print_table(SIDE_HEADERS, rows)
+
+
+def _subset_stats(stats: dict, tok_name: str, subset: str, engine: str) -> Stats:
+    if subset != "all":
+        return stats.get((tok_name, subset, engine), Stats())
+    return Stats([o for (t, s, e), g in stats.items() if (t, e) == (tok_name, engine)
+                  and s != "all" for o in g.outcomes])  # fmt: skip
+
+
+def _short(ratio_cells: list[str]) -> str:
+    """'a / b / c, d / e / f' ratio cells as 'a / b, e' (p50 / p99 compile, p99 mask)."""
+    compile_, mask = (c.split(" / ") for c in ratio_cells)
+    return f"{compile_[0]} / {compile_[1]}, {mask[1]}" if len(mask) > 1 else ""
+
+
 def main() -> None:
     from radixflow.runtime.config import parse_gc_threshold  # the engine knob's format
 
@@ -509,6 +559,11 @@ def main() -> None:
         help="Python's collector thresholds in every worker, 'gen0[,gen1[,gen2]]' (what the "
         "engine's gc_threshold knob sets); default: Python's own",
     )
+    ap.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="one table per tokenizer, a row per subset, the engines' figures side by side",
+    )
     args = ap.parse_args()
     subsets = args.subsets.split(",")
     files = {
@@ -518,7 +573,10 @@ def main() -> None:
     stats = run(args, files)
     if args.store is not None:
         stats = stored(args.store, files, args.tokenizers.split(","))
-    print_results(stats, subsets)
+    if args.side_by_side:
+        print_side_by_side(stats, subsets)
+    else:
+        print_results(stats, subsets)
 
 
 if __name__ == "__main__":
