@@ -380,9 +380,14 @@ class Stats:
         ]
 
 
-def ratio_row(mine: Stats, peer: Stats) -> list[str]:
+def ratios(mine: Stats, peer: Stats) -> dict[str, float]:
+    """Each of `mine`'s figures divided by `peer`'s (nan where the peer's is 0)."""
     a, b = mine.figures(), peer.figures()
-    r = {k: a[k] / b[k] if b[k] else float("nan") for k in a}
+    return {k: a[k] / b[k] if b[k] else float("nan") for k in a}
+
+
+def ratio_row(mine: Stats, peer: Stats) -> list[str]:
+    a, b, r = mine.figures(), peer.figures(), ratios(mine, peer)
     return [
         f"{a['pass'] - b['pass']:+.1f}",
         "",
@@ -503,18 +508,18 @@ def print_side_by_side(stats: dict[tuple[str, str, str], Stats], subsets: list[s
             got = [_subset_stats(stats, tok_name, subset, e) for e in engines]
             figures = [g.figures() for g in got]
             each = {k: " / ".join(_num(f[k]) for f in figures) for k in figures[0]}
-            ratios = ""
+            against = ""
             if "llguidance" in engines and engines[0] != "llguidance":
                 mine, peer = got[0], got[engines.index("llguidance")]
-                over_all = ratio_row(mine, peer)[5:8:2]
                 both = compiled_by_both(mine, peer)
-                also = ratio_row(*both)[5:8:2] if both is not None else ["", ""]
-                ratios = f"{_short(over_all)} ({_short(also)})"
+                against = _ratio_cell(ratios(mine, peer))
+                if both is not None:
+                    against += f" ({_ratio_cell(ratios(*both))})"
             rows.append([
                 subset,
                 f"{' / '.join(str(g.count('passed')) for g in got)} of {len(got[0].outcomes)}",
                 " / ".join(str(sum(o.invalid_accepted for o in g.outcomes)) for g in got),
-                each["compile p50"], each["compile p99"], each["mask p99"], ratios,
+                each["compile p50"], each["compile p99"], each["mask p99"], against,
             ])  # fmt: skip
         print(f"\n{tok_name}: {' / '.join(engines)}\n")
         print_table(SIDE_HEADERS, rows)
@@ -527,10 +532,9 @@ def _subset_stats(stats: dict, tok_name: str, subset: str, engine: str) -> Stats
                   and s != "all" for o in g.outcomes])  # fmt: skip
 
 
-def _short(ratio_cells: list[str]) -> str:
-    """'a / b / c, d / e / f' ratio cells as 'a / b, e' (p50 / p99 compile, p99 mask)."""
-    compile_, mask = (c.split(" / ") for c in ratio_cells)
-    return f"{compile_[0]} / {compile_[1]}, {mask[1]}" if len(mask) > 1 else ""
+def _ratio_cell(r: dict[str, float]) -> str:
+    """Compile p50 / p99, mask p99 ratios."""
+    return f"{r['compile p50']:.2f}x / {r['compile p99']:.2f}x, {r['mask p99']:.2f}x"
 
 
 def main() -> None:

@@ -402,14 +402,19 @@ typedef struct {
     long table_bytes; /* target sets: `budget.charge` */
 } Ctx;
 
-/* Lets go of what `c` holds: the NFA's parts and the last Dfa node read. */
-static void ctx_release(Ctx *c) {
-    Py_CLEAR(c->parts);
+/* Forgets the last Dfa node `c` read (`dfa_node_load`). */
+static void ctx_forget_dfa(Ctx *c) {
     Py_CLEAR(c->dfa_node);
     Py_CLEAR(c->dfa_hi);
     Py_CLEAR(c->dfa_table);
     Py_CLEAR(c->dfa_accepting);
     Py_CLEAR(c->dfa_moves);
+}
+
+/* Lets go of what `c` holds: the NFA's parts and the last Dfa node read. */
+static void ctx_release(Ctx *c) {
+    Py_CLEAR(c->parts);
+    ctx_forget_dfa(c);
 }
 
 static int ctx_load(Ctx *c, PyObject *nfa) {
@@ -1039,19 +1044,13 @@ static int c_live(Ctx *c, PyObject *table, long t, long count, long lo, PyObject
 /* `c`'s last Dfa node read, `node` (its lo, hi, table and the table's accepting and moves):
  * 0, or -1 with the error set and nothing kept */
 static int dfa_node_load(Ctx *c, PyObject *node) {
-    Py_CLEAR(c->dfa_node);
-    Py_CLEAR(c->dfa_hi);
-    Py_CLEAR(c->dfa_table);
-    Py_CLEAR(c->dfa_accepting);
-    Py_CLEAR(c->dfa_moves);
+    ctx_forget_dfa(c);
     int no_lo;
     if (long_attr(node, s_lo, &c->dfa_lo, &no_lo) < 0 || (c->dfa_hi = PyObject_GetAttr(node, s_hi)) == NULL ||
         (c->dfa_table = PyObject_GetAttr(node, s_table)) == NULL ||
         (c->dfa_accepting = PyObject_GetAttr(c->dfa_table, s_accepting)) == NULL ||
         (c->dfa_moves = PyObject_GetAttr(c->dfa_table, s_moves)) == NULL) {
-        Py_CLEAR(c->dfa_hi);
-        Py_CLEAR(c->dfa_table);
-        Py_CLEAR(c->dfa_accepting);
+        ctx_forget_dfa(c);
         return -1;
     }
     c->dfa_node = Py_NewRef(node);

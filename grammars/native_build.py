@@ -21,13 +21,12 @@ import os
 import platform
 import shutil
 import subprocess
-import uuid
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from radixflow.cache import cache_dir
+from radixflow.cache import cache_dir, temporary_beside
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +52,7 @@ def build(source: Path, cc: str, flags: tuple[str, ...] = ()) -> Path:
     if lib.exists():
         return lib
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{lib.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = temporary_beside(lib)
     try:
         subprocess.run(
             [cc, *args, "-o", str(tmp), str(source)],

@@ -22,7 +22,6 @@ import json
 import math
 import os
 import shutil
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from gguf.quants import dequantize
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from radixflow.cache import cache_dir
+from radixflow.cache import cache_dir, temporary_beside
 from radixflow.kernels.quant_formats import PackedWeight, qtype_of_ggml
 
 # Bump when the folder layout or the conversion changes, so old caches are not reused.
@@ -109,7 +108,7 @@ def content_digest(path: Path) -> str:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
     try:  # written beside it, then renamed: a reader never sees a partial digest
         memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_name(f".{memo.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        tmp = temporary_beside(memo)
         tmp.write_text(digest)
         tmp.replace(memo)
     except OSError:
@@ -135,7 +134,7 @@ def convert_gguf(gguf_path: str | os.PathLike[str]) -> Path:
 def build_atomically(target: Path, build: Callable[[Path], None]) -> None:
     """Run `build` on a temporary folder beside `target`, then rename it into place."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = temporary_beside(target)
     tmp.mkdir()
     try:
         build(tmp)
