@@ -31,6 +31,10 @@ class ByteAutomaton(Protocol):
 
     def containers(self) -> list: ...
 
+    def any_text(self, num_states: int) -> np.ndarray | None:
+        """Per state, 1 where every string of JSON string text can be read from it, with room
+        for at least `num_states` states; None where the automaton does not tell."""
+
     @property
     def native_rows(self) -> object | None:
         """What holds this automaton's rows where C computes them (a regex's `LazyDFA`, a
@@ -64,6 +68,9 @@ class RegexAutomaton:
 
     def containers(self) -> list:
         return self.dfa.containers()
+
+    def any_text(self, num_states: int) -> np.ndarray:
+        return self.dfa.states.reserve_any_text(num_states)
 
     @property
     def native_rows(self) -> LazyDFA | None:

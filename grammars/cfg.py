@@ -486,6 +486,9 @@ class GrammarAutomaton:
     def row_pointers(self) -> np.ndarray:
         return self.states.pointers
 
+    def any_text(self, num_states: int) -> None:
+        return None  # not tracked for parser states
+
     @property
     def native_rows(self) -> GrammarAutomaton | None:
         return self if self.lexer.native is not None else None

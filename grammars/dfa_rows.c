@@ -39,7 +39,7 @@ static PyObject *s_items, *s_item, *s_ranges, *s_facts, *s_tail, *s_parts, *s_ch
     *s_lo, *s_table, *s_start, *s_accepting, *s_moves, *s_shortest, *s_longest, *s_row,
     *s_row_pointers, *s_limits, *s_max_states, *s_max_state_size, *s_pointers, *s_states, *s_nfa,
     *s_block, *s_next, *s_new_block, *s_check_time, *s_end, *s_cap, *s_groups, *s_lexer,
-    *s_successors, *s_tags_kept, *s_tags;
+    *s_successors, *s_tags_kept, *s_tags, *s_reads_any_text, *s_any_text;
 
 typedef struct {
     long lo, hi, t;
@@ -393,6 +393,7 @@ typedef struct {
     PyObject *eps, *edges, *runs, *ids, *shared, *lifts, *lifted, *order, *tags;
     PyObject *ends, *bodies, *body_irs, *counted; /* `counted`: the NFA's facts' memo */
     PyObject *ints; /* the NFA states' shared ints (`state_int`) */
+    PyObject *any_text; /* the states of Dfas that read any text (`NFA.any_text`, a set) */
     /* the last Dfa node `c_dfa_moves` read and what it read of it (new references): the
      * states of one explicit DFA follow one another, each asking for the same attributes */
     PyObject *dfa_node, *dfa_hi, *dfa_table, *dfa_accepting, *dfa_moves;
@@ -422,7 +423,8 @@ static int ctx_load(Ctx *c, PyObject *nfa) {
     c->nfa = nfa;
     c->parts = PyObject_GetAttr(nfa, s_parts);
     if (c->parts == NULL) return -1;
-    if (!PyTuple_Check(c->parts) || PyTuple_GET_SIZE(c->parts) != 14) {
+    if (!PyTuple_Check(c->parts) || PyTuple_GET_SIZE(c->parts) != 15 ||
+        !PySet_Check(PyTuple_GET_ITEM(c->parts, 14))) {
         PyErr_SetString(PyExc_TypeError, "dfa_rows: unexpected NFA layout");
         Py_CLEAR(c->parts);
         return -1;
@@ -430,6 +432,7 @@ static int ctx_load(Ctx *c, PyObject *nfa) {
     PyObject **p[] = {&c->eps,    &c->edges,  &c->runs,  &c->ids,    &c->shared,
                       &c->lifts,  &c->lifted, &c->order, &c->tags,   &c->ends,
                       &c->bodies, &c->body_irs, &c->counted, &c->ints};
+    c->any_text = PyTuple_GET_ITEM(c->parts, 14);
     for (int i = 0; i < 14; i++) {
         *p[i] = PyTuple_GET_ITEM(c->parts, i);
         if (i < 2 || i == 13 ? !PyList_Check(*p[i]) : !PyDict_Check(*p[i])) {
@@ -885,7 +888,15 @@ static long c_counter(Ctx *c, PyObject *node, PyObject *arg, long nxt) {
             count = Py_NewRef(arg);
         }
     } else {
-        PyObject *lo = PyObject_GetAttr(node, s_lo);
+        PyObject *any = PyObject_GetAttr(node, s_reads_any_text), *k = NULL;
+        past = any == NULL ? -1 : PyObject_IsTrue(any);
+        Py_XDECREF(any);
+        if (past > 0) { /* `NFA.any_text` */
+            k = state_int(c->ints, got);
+            past = k == NULL || PySet_Add(c->any_text, k) < 0 ? -1 : 0;
+            Py_XDECREF(k);
+        }
+        PyObject *lo = past < 0 ? NULL : PyObject_GetAttr(node, s_lo);
         past = lo == NULL ? -1 : PyObject_RichCompareBool(PyTuple_GET_ITEM(arg, 1), lo, Py_GE);
         Py_XDECREF(lo);
         if (past > 0) {
@@ -1308,12 +1319,14 @@ static int check_clock(Ctx *c, PyObject *budget) {
     return r == NULL ? -1 : 0;
 }
 
-/* The closure of `states` (a tuple): `LazyDFA.closure` without its clock check. */
-static PyObject *c_closure(Ctx *c, PyObject *budget, PyObject *states) {
+/* The closure of `states` (a tuple), and in `*any_text` whether it passes through a state of
+ * `NFA.any_text`: `LazyDFA._closure` without its clock check. */
+static PyObject *c_closure(Ctx *c, PyObject *budget, PyObject *states, int *any_text) {
     PyObject *out = NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(states);
     Longs stack = {0}, found = {0};
     LongSet seen = {0};
+    *any_text = 0;
     if (n == 1) { /* a state with no moves is its own closure */
         long s = PyLong_AsLong(PyTuple_GET_ITEM(states, 0));
         if (s == -1 && PyErr_Occurred()) return NULL;
@@ -1349,6 +1362,12 @@ static PyObject *c_closure(Ctx *c, PyObject *budget, PyObject *states) {
         }
         Py_DECREF(m);
     }
+    for (Py_ssize_t i = 0; i < found.n && !*any_text && PySet_GET_SIZE(c->any_text); i++) {
+        PyObject *key = state_int(c->ints, found.v[i]);
+        *any_text = key == NULL ? -1 : PySet_Contains(c->any_text, key);
+        Py_XDECREF(key);
+        if (*any_text < 0) goto done;
+    }
     Py_ssize_t kept = 0; /* with edges or a tag, in the order first seen */
     for (Py_ssize_t i = 0; i < found.n; i++) {
         int e = has_edges(c, found.v[i]);
@@ -1372,13 +1391,18 @@ done:
     return out;
 }
 
-/* closure(nfa, budget, states) -> tuple: `LazyDFA.closure` without its clock check. */
+/* closure(nfa, budget, states, with_any_text=False) -> tuple, or (tuple, bool) with whether
+ * it passes through a state that reads any text: `LazyDFA._closure` without its clock check. */
 static PyObject *closure(PyObject *self, PyObject *args) {
     PyObject *nfa, *budget, *states;
-    if (!PyArg_ParseTuple(args, "OOO!", &nfa, &budget, &PyTuple_Type, &states)) return NULL;
+    int with_any_text = 0, any_text;
+    if (!PyArg_ParseTuple(args, "OOO!|p", &nfa, &budget, &PyTuple_Type, &states, &with_any_text))
+        return NULL;
     Ctx c;
     if (ctx_load(&c, nfa) < 0) return NULL;
-    return ctx_done(&c, budget, c_closure(&c, budget, states));
+    PyObject *out = c_closure(&c, budget, states, &any_text);
+    if (out != NULL && with_any_text) Py_SETREF(out, Py_BuildValue("(OO)", out, any_text ? Py_True : Py_False));
+    return ctx_done(&c, budget, out);
 }
 
 /* What a row reads of the DFA (`LazyDFA._parts`), or of a grammar automaton's parser states
@@ -1421,9 +1445,10 @@ static int table_load(Table *d, PyObject *owner) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* `StateRows.intern` of closure `key`; a new state within the limits is added here, one that
- * would pass a limit or grow the rows' addresses goes to the Python method. */
-static long c_intern(Ctx *c, Table *d, PyObject *key) {
+/* `StateRows.intern` of closure `key` (`any_text`: it reads any text); a new state within the
+ * limits is added here, one that would pass a limit or grow the rows' addresses or the
+ * `any_text` flags goes to the Python method. */
+static long c_intern(Ctx *c, Table *d, PyObject *key, int any_text) {
     untrack_atoms(key); /* before the Python method may key its dict with it */
     int found;
     long got = get_state(d->ids, key, &found);
@@ -1433,9 +1458,22 @@ static long c_intern(Ctx *c, Table *d, PyObject *key) {
     Py_ssize_t room = pointers == NULL ? -1 : PyObject_Length(pointers);
     Py_XDECREF(pointers);
     if (room < 0) return ERR;
-    if (PyTuple_GET_SIZE(key) > d->max_state_size || n + 1 > d->max_states || n == room) {
-        PyObject *args[] = {d->states, key};
-        return state_from(call(s_intern, args, 2));
+    Py_buffer flags = {0};
+    if (any_text) {
+        PyObject *array = PyObject_GetAttr(d->states, s_any_text);
+        int bad = array == NULL || PyObject_GetBuffer(array, &flags, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0;
+        Py_XDECREF(array); /* the buffer holds it */
+        if (bad) return ERR;
+    }
+    if (PyTuple_GET_SIZE(key) > d->max_state_size || n + 1 > d->max_states || n == room ||
+        (any_text && n >= flags.len)) {
+        if (any_text) PyBuffer_Release(&flags);
+        PyObject *args[] = {d->states, key, any_text ? Py_True : Py_False};
+        return state_from(call(s_intern, args, 3));
+    }
+    if (any_text) {
+        ((uint8_t *)flags.buf)[n] = 1;
+        PyBuffer_Release(&flags);
     }
     if (set_state(d->ints, d->ids, key, n) < 0 || PyList_Append(d->sets, key) < 0 ||
         PyList_Append(d->rows, Py_None) < 0)
@@ -1454,11 +1492,12 @@ static long c_target_id(Ctx *c, Table *d, const long *v, Py_ssize_t n) {
     long got = get_state(d->by_targets, key, &found);
     if (found || got == ERR) goto done;
     targets = n == 1 ? tuple_of(c->ints, v, 1) : Py_NewRef(key);
-    if (targets == NULL || (ck = c_closure(c, d->budget, targets)) == NULL) {
+    int any_text;
+    if (targets == NULL || (ck = c_closure(c, d->budget, targets, &any_text)) == NULL) {
         got = ERR;
         goto done;
     }
-    if (PyTuple_GET_SIZE(ck) > 0) got = c_intern(c, d, ck);
+    if (PyTuple_GET_SIZE(ck) > 0) got = c_intern(c, d, ck, any_text);
     Py_DECREF(ck);
     if (got != ERR && set_state(d->ints, d->by_targets, key, got) < 0) got = ERR;
     if (got != ERR) c->table_bytes += entry_bytes + (n == 1 ? 0 : tuple_base + tuple_item * n);
@@ -1683,7 +1722,7 @@ static int c_columns_row(Ctx *c, Table *d, const int32_t *cols, Py_ssize_t n, Py
         for (Py_ssize_t i = 0; i < k; i++) {
             int32_t code = (int32_t)i;
             PyObject *key = union_of(succ, &code, 1);
-            ids[i] = key == NULL ? ERR : PyTuple_GET_SIZE(key) == 0 ? -1 : c_intern(c, d, key);
+            ids[i] = key == NULL ? ERR : PyTuple_GET_SIZE(key) == 0 ? -1 : c_intern(c, d, key, 0);
             Py_XDECREF(key);
             if (ids[i] == ERR) {
                 free(ids);
@@ -1716,7 +1755,7 @@ static int c_columns_row(Ctx *c, Table *d, const int32_t *cols, Py_ssize_t n, Py
         int g = order[i];
         PyObject *key = union_of(succ, cols + reps[g] * n, n);
         if (key == NULL) return -1;
-        ids[g] = PyTuple_GET_SIZE(key) == 0 ? -1 : c_intern(c, d, key);
+        ids[g] = PyTuple_GET_SIZE(key) == 0 ? -1 : c_intern(c, d, key, 0);
         Py_DECREF(key);
         if (ids[g] == ERR) return -1;
     }
@@ -2211,14 +2250,16 @@ PyMODINIT_FUNC PyInit_dfa_rows(void) {
                            "lo", "table", "start", "accepting", "moves", "shortest", "longest",
                            "row", "row_pointers", "limits", "max_states", "max_state_size",
                            "pointers", "states", "nfa", "_block", "_next", "_new_block",
-                           "check_time", "_end", "_cap", "_groups", "lexer", "_successors", "_tags", "tags"};
+                           "check_time", "_end", "_cap", "_groups", "lexer", "_successors", "_tags", "tags",
+                           "reads_any_text", "any_text"};
     PyObject **slots[] = {&s_items, &s_item, &s_ranges, &s_facts, &s_tail, &s_parts,
                           &s_charge, &s_nbytes, &s_new_state, &s_add, &s_check, &s_dead, &s_intern, &s_counted,
                           &s_spell, &s_live, &s_hi, &s_lo, &s_table, &s_start,
                           &s_accepting, &s_moves, &s_shortest, &s_longest, &s_row,
                           &s_row_pointers, &s_limits, &s_max_states, &s_max_state_size,
                           &s_pointers, &s_states, &s_nfa, &s_block, &s_next, &s_new_block,
-                          &s_check_time, &s_end, &s_cap, &s_groups, &s_lexer, &s_successors, &s_tags_kept, &s_tags};
+                          &s_check_time, &s_end, &s_cap, &s_groups, &s_lexer, &s_successors, &s_tags_kept, &s_tags,
+                          &s_reads_any_text, &s_any_text};
     for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++)
         if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
     if (!(empty = PyBytes_FromStringAndSize(NULL, 0)) || !(zero = PyLong_FromLong(0))) return NULL;

@@ -106,6 +106,9 @@ def json_chars(node: Chars):
     return got
 
 
+json_chars.keeps_text = True  # type: ignore[attr-defined]  # text is plain: written as itself
+
+
 @functools.lru_cache(maxsize=8192)  # property names recur in every object that declares them
 def json_string_literal(text: str) -> Seq:
     """`text` as a JSON string literal (quotes included)."""

@@ -11,7 +11,10 @@ state that reads JSON string text (free string content, object names beside decl
 takes the text tokens of a subtree whole and walks only the nodes that are not text, as the
 numpy walk does (`masks`); what it learns of which states read text is kept per automaton
 (`TextStates`): a free string's mask reads the few nodes that are not text, not the whole trie.
-`describe()` says which walk is in use.
+So it does under a state from which every string of text can be read (the automaton's
+`any_text` flags: an object's names where undeclared ones are allowed), stepping down only to
+the nodes that are not text: the first name of a Kubernetes object makes a few rows, not one
+per prefix of its declared names. `describe()` says which walk is in use.
 """
 
 from __future__ import annotations
@@ -172,6 +175,8 @@ class _TextCache(ctypes.Structure):
         ("states", _P),
         ("rows_cap", ctypes.c_int64),
         ("rows_used", _P),
+        ("any_text", _P),
+        ("any_text_cap", ctypes.c_int64),
     ]
 
 
@@ -185,15 +190,23 @@ class TextStates:
         self.index = np.zeros(0, dtype=np.int32)  # 0 unknown, -1 no, k: row k - 1 of states
         self.states = np.zeros((0, NUM_PHASES), dtype=np.int32)
         self.used = np.zeros(1, dtype=np.int64)
-        self.struct = _TextCache(0, 0, 0, 0, self.used.ctypes.data)
+        self.struct = _TextCache(0, 0, 0, 0, self.used.ctypes.data, 0, 0)
+        # the automaton's `any_text` flags the walk reads, held: the automaton replaces its
+        # array as it grows, and a walk goes on reading the one it was handed
+        self.any_text: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
         return self.index.nbytes + self.states.nbytes
 
-    def reserve(self, num_states: int) -> None:
+    def reserve(self, num_states: int, any_text: np.ndarray | None = None) -> None:
         """Room for at least `num_states` states (twice that when it grows), and rows for 16
-        more states that read text (as many again as are used when it grows)."""
+        more states that read text (as many again as are used when it grows); the walk reads
+        the automaton's `any_text` flags (`ByteAutomaton.any_text`) from this array."""
+        if any_text is not self.any_text:
+            self.any_text = any_text
+            self.struct.any_text = 0 if any_text is None else any_text.ctypes.data
+            self.struct.any_text_cap = 0 if any_text is None else any_text.shape[0]
         if self.index.shape[0] < num_states:
             index = np.zeros(max(2 * num_states, 256), dtype=np.int32)
             index[: self.index.shape[0]] = self.index
@@ -279,7 +292,7 @@ def native_mask(
     words = np.zeros(index.num_words + 1, dtype=np.uint32)  # the last: nodes without a token
     states = np.empty(trie.struct.max_depth + 1, dtype=np.int32)
     rows = automaton.row_pointers()
-    text.reserve(rows.shape[0])
+    text.reserve(rows.shape[0], automaton.any_text(2 * rows.shape[0]))
     args = (
         rows.ctypes.data,
         rows.shape[0],

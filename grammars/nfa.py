@@ -162,10 +162,13 @@ class NFA:
         self._order: dict[int, tuple[tuple, int]] = {}  # counter -> (its counter, its count)
         # the C rows' int object of each state number, shared
         self._ints: list[int] = []
+        # the states of Dfas that read any text (`Dfa.reads_any_text`): a DFA state whose
+        # closure passes through one reads every string of text
+        self.any_text: set[int] = set()
         # what the C rows (`dfa_rows.c`) read and write, in one attribute
         self._parts = (self._eps, self._edges, self._runs, self._ids, self._shared, self._lifts,
                        self._lifted, self._order, self.tags, self._ends, self._bodies,
-                       self._body_irs, self.facts._counted, self._ints)  # fmt: skip
+                       self._body_irs, self.facts._counted, self._ints, self.any_text)  # fmt: skip
 
     def __len__(self) -> int:
         return len(self._eps)
@@ -329,7 +332,10 @@ class NFA:
         if isinstance(node, Repeat):
             if arg >= self.facts.counted(node)[1]:
                 self._order[got] = ((id(node), nxt), arg)
-        elif arg[1] >= node.lo:
+            return got
+        if node.reads_any_text:
+            self.any_text.add(got)
+        if arg[1] >= node.lo:
             self._order[got] = ((id(node), arg[0], nxt), arg[1])
         return got
 
@@ -533,12 +539,18 @@ class LazyDFA:
     def closure(self, states: tuple[int, ...]) -> tuple[int, ...]:
         """NFA states with byte edges or tags reachable from `states` by epsilon moves, less
         the counted ones another subsumes (`NFA.prune`)."""
+        return self._closure(states)[0]
+
+    def _closure(self, states: tuple[int, ...]) -> tuple[tuple[int, ...], bool]:
+        """`closure`, and whether it passes through a state that reads any text
+        (`NFA.any_text`)."""
         self.budget.check_time()
         if self._native is not None:
-            return self._native.closure(self.nfa, self.budget, states)
+            return self._native.closure(self.nfa, self.budget, states, True)
         nfa = self.nfa
         if len(states) == 1 and nfa._eps[states[0]] == b"":  # a state with no moves: itself
-            return states if nfa.has_edges(states[0]) or states[0] in nfa.tags else ()
+            alone = nfa.has_edges(states[0]) or states[0] in nfa.tags
+            return states if alone else (), False
         # One search from all of them: closures of single states overlap (nested optional
         # repeats), and keeping each one would cost their summed sizes.
         seen = set(states)
@@ -553,7 +565,8 @@ class LazyDFA:
                     seen.add(t)
                     stack.append(t)
         tags = nfa.tags
-        return tuple(sorted(nfa.prune([s for s in seen if nfa.has_edges(s) or s in tags])))
+        closed = tuple(sorted(nfa.prune([s for s in seen if nfa.has_edges(s) or s in tags])))
+        return closed, not nfa.any_text.isdisjoint(seen)
 
     def intern(self, nfa_states) -> int:
         """DFA id of the closure of `nfa_states` (negative ones ignored); -1 when empty."""
@@ -567,8 +580,8 @@ class LazyDFA:
         got = self._by_targets.get(key)
         if got is not None:
             return got
-        closed = self.closure(targets)
-        got = self.states.intern(closed) if closed else -1
+        closed, any_text = self._closure(targets)
+        got = self.states.intern(closed, any_text) if closed else -1
         self.budget.charge(DICT_ENTRY_BYTES + (0 if single else sys.getsizeof(targets)))
         self._by_targets[key] = got
         return got

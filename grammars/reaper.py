@@ -89,8 +89,9 @@ def _take_apart(grammar) -> None:
             if type(box) is list:
                 del box[-SLICE:]
             else:
+                take = box.popitem if type(box) is dict else box.pop
                 for _ in range(min(SLICE, len(box))):
-                    box.popitem()
+                    take()
             time.sleep(0)  # lets go of the GIL: a waiting thread runs next
             while walks_running():  # a fill (or a walk's row callbacks) would wait for a slice
                 time.sleep(PAUSE_S)

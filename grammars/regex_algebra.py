@@ -101,7 +101,7 @@ def exclude_words(ir, words: Sequence[str], deadline: Deadline | None = None):
     return NEVER if out is None else Dfa(out, 0)
 
 
-_ANY_TABLE = DfaTable([((ANY_CHAR, 0),)], [True])
+_ANY_TABLE = DfaTable([((ANY_CHAR, 0),)], [True], covers_text=True)
 
 
 def _as_table(ir) -> tuple[DfaTable, int] | None:
@@ -152,7 +152,8 @@ def _all_but(words: tuple[str, ...]) -> DfaTable:
     shortest = (*(1 if end else 0 for end in ends), 0)
     accepting = (*(not end for end in ends), True)
     moves = tuple(tuple(sorted(k.items())) for k in kids)
-    return DfaTable(_AllButRows(moves, past), accepting, (shortest, (math.inf,) * (past + 1)))
+    lengths = (shortest, (math.inf,) * (past + 1))
+    return DfaTable(_AllButRows(moves, past), accepting, lengths, covers_text=True)
 
 
 class _AllButRows(list):

@@ -25,9 +25,14 @@ class DfaTable:
         moves: Sequence[Moves],
         accepting: Sequence[bool],
         lengths: tuple[Sequence[float], Sequence[float]] | None = None,
+        covers_text: bool = False,
     ):
         self.moves = moves  # any sequence: a builder may make each row when it is first read
         self.accepting = accepting
+        # whether every state has a move on every code point (so every string can be read
+        # from each: the trie walk takes the text tokens whole there, `Dfa.reads_any_text`);
+        # False where the builder does not know
+        self.covers_text = covers_text
         # per state: the shortest accepted suffix, and the longest one (inf past a cycle);
         # `lengths` gives both when the builder knows them (so no row is read here)
         self.shortest, self.longest = lengths or (self._shortest(), self._longest())

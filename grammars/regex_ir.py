@@ -127,11 +127,22 @@ class Dfa:
     hi: int | None = None
     spell: Callable[[Chars], object] | None = None
     facts = None
+    # Whether every string of JSON string text can be read from each of its states (a table
+    # with a move on every code point, no length bound, text spelled as itself): the names
+    # an object allows beside its declared ones. The trie walk then takes the text tokens
+    # whole at a state that holds one (`trie_walk.c`).
+    reads_any_text = False
 
     def __post_init__(self) -> None:
         live = self.table.known_live(self.start, 0, self.lo, self.hi)
         if live is not None:
             set_facts(self, not live, self.nullable)
+        if (
+            self.hi is None
+            and getattr(self.table, "covers_text", False)
+            and (self.spell is None or getattr(self.spell, "keeps_text", False))
+        ):
+            object.__setattr__(self, "reads_any_text", True)
 
     @property
     def nullable(self) -> bool:

@@ -54,6 +54,10 @@ class StateRows:
             native.untrack_lists(self.sets, self._rows)
         self.pointers = np.zeros(_FIRST_POINTERS, dtype=np.int64)
         budget.charge(self.pointers.nbytes)
+        # per state, 1 where every string of text can be read from it (`Dfa.reads_any_text`);
+        # grown ahead of walks (`reserve_any_text`), as the trie walk reads it where it is
+        self.any_text = np.zeros(_FIRST_POINTERS, dtype=np.uint8)
+        budget.charge(self.any_text.nbytes)
         self._block = np.empty((0, 256), dtype=np.int32)  # where the next rows go
         self._next = 0  # the next free row of `_block`
         self._address = 0  # of `_block`
@@ -65,8 +69,9 @@ class StateRows:
         """The lists and dict these states alone hold (see `reaper`)."""
         return [self.sets, self._ids, self._rows]
 
-    def intern(self, key: Collection[Hashable]) -> int:
-        """The id of state `key`, new ones within the budget."""
+    def intern(self, key: Collection[Hashable], any_text: bool = False) -> int:
+        """The id of state `key`, new ones within the budget; `any_text` marks a new one that
+        reads every string of text."""
         got = self._ids.get(key)
         if got is None:
             self.budget.check("max_state_size", len(key), f"{self.elements} in one state")
@@ -78,7 +83,20 @@ class StateRows:
             if got == self.pointers.shape[0]:
                 self.budget.charge(got * POINTER_BYTES)
                 self.pointers = np.concatenate([self.pointers, np.zeros(got, dtype=np.int64)])
+            if any_text:
+                self.reserve_any_text(got + 1)
+                self.any_text[got] = 1
         return got
+
+    def reserve_any_text(self, num_states: int) -> np.ndarray:
+        """`any_text`, with room for at least `num_states` states (twice that when it grows: a
+        new array, so that a walk reading the one before still reads what it had)."""
+        if self.any_text.shape[0] < num_states:
+            grown = np.zeros(2 * num_states, dtype=np.uint8)
+            grown[: self.any_text.shape[0]] = self.any_text
+            self.budget.charge(grown.nbytes - self.any_text.nbytes)
+            self.any_text = grown
+        return self.any_text
 
     def row(self, state: int, fill: Callable[[int, np.ndarray], None]) -> np.ndarray:
         """The row of `state`, written by `fill(state, row)` into a fresh row of -1s the

@@ -17,6 +17,12 @@
  * one (`words_of`), else set node by node in preorder without reading a row; only the nodes
  * that are not text are walked, from each rough root (a node that is not text under a text
  * parent; `rough_next` finds the next one) and its parent's state by phase.
+ *
+ * A state from which every string of text can be read (`any_text`: the names an object allows
+ * beside its declared ones, where each prefix of a declared name is a state of its own) has
+ * every text token of a text subtree alive too, whatever states the text leads through: their
+ * bits are taken the same way, and the walk steps only down the text nodes above a rough root,
+ * to give each rough root its parent's state (`absorb_any`).
  */
 #include <stdint.h>
 #include <string.h>
@@ -44,13 +50,16 @@ struct trie { /* the index's preorder arrays (tokenizer_index.py, native_walk.py
 /* Per automaton state, what the walk learnt of it (kept between walks by the caller):
  * `index[s]` 0 unknown, -1 does not read text, k > 0 reads text with the states of each phase
  * in `states[(k - 1) * num_phases ...]`. States past `cap` or past `rows_cap` rows are worked
- * out again each time (the caller grows both between walks). */
+ * out again each time (the caller grows both between walks). `any_text[s]` is 1 where every
+ * string of text can be read from s (the automaton's, for its first `any_text_cap` states). */
 struct text_cache {
     int32_t *index;
     int64_t cap;
     int32_t *states;
     int64_t rows_cap;
     int64_t *rows_used;
+    const uint8_t *any_text;
+    int64_t any_text_cap;
 };
 
 typedef int64_t (*fill_row)(int32_t state, int64_t *num_rows);
@@ -152,6 +161,48 @@ static int absorb(struct walk *w, int64_t i, const int32_t *by_phase) {
     return 0;
 }
 
+/* Whether every string of text can be read from `state`, and the walk does not know it to read
+ * text (whose subtrees `absorb` takes without stepping down to their rough roots). */
+static int reads_any_text(const struct walk *w, int32_t state) {
+    const struct text_cache *c = w->cache;
+    return state < c->any_text_cap && c->any_text[state] && !(state < c->cap && c->index[state] > 0);
+}
+
+/* The subtree of text node `i` under a state that reads any text (`states[depth[i]]`): its text
+ * tokens alive, each text node above a rough root stepped through for its state, and the rough
+ * roots walked from their parents' states. 0, or -1 when a row could not be made (or a text
+ * byte was dead there: the automaton contradicts its `any_text`). */
+static int absorb_any(struct walk *w, int64_t i) {
+    const struct trie *t = w->t;
+    const int64_t end = i + t->size[i];
+    const int32_t rows = t->words_of[i];
+    if (rows >= 0) {
+        const uint32_t *src = t->text_words + (int64_t)rows * t->num_words;
+        for (int64_t k = 0; k < t->num_words; k++) w->words[k] |= src[k];
+    }
+    for (int64_t j = i + 1; j < end;) {
+        const int64_t r = t->rough_next[j], past = j + t->size[j];
+        if (r == j) { /* a rough root: walked from its parent's state */
+            if (walk_nodes(w, j, past) < 0) return -1;
+            j = past;
+        } else if (r >= past) { /* text only below: alive, not stepped through */
+            if (rows < 0) {
+                for (int64_t k = j; k < past; k++) set_bit(w->words, t->token[k]);
+                w->steps += past - j;
+            }
+            j = past;
+        } else { /* text above a rough root: its state, from its parent's */
+            const int32_t *row = row_of(w, w->states[t->depth[j] - 1]);
+            if (!row || row[t->byte[j]] < 0) return -1;
+            w->states[t->depth[j]] = row[t->byte[j]];
+            if (rows < 0) set_bit(w->words, t->token[j]);
+            w->steps++;
+            j++;
+        }
+    }
+    return 0;
+}
+
 /* Walk nodes lo..hi (whole subtrees, `states` set for their parents' depth). */
 static int walk_nodes(struct walk *w, int64_t lo, int64_t hi) {
     const struct trie *t = w->t;
@@ -170,6 +221,11 @@ static int walk_nodes(struct walk *w, int64_t lo, int64_t hi) {
         }
         w->states[d] = s;
         set_bit(w->words, token[i]);
+        if (size[i] >= ABSORB_MIN_SIZE && t->phase[i] == 0 && reads_any_text(w, s)) {
+            if (absorb_any(w, i) < 0) return -1;
+            i += size[i];
+            continue;
+        }
         if (size[i] >= ABSORB_MIN_SIZE && t->phase[i] == 0) {
             int failed = 0;
             const int32_t *by_phase = reads_text(w, s, scratch, &failed);
@@ -192,6 +248,7 @@ int64_t rf_trie_walk(const int64_t *rows, int64_t num_rows, const struct trie *t
     if (t->num_phases > MAX_PHASES) return -1;
     struct walk w = {rows, num_rows, t, states, words, fill, cache, 0};
     states[0] = state;
+    if (reads_any_text(&w, state)) return absorb_any(&w, 0) < 0 ? -1 : w.steps;
     int failed = 0;
     int32_t scratch[MAX_PHASES];
     const int32_t *by_phase = reads_text(&w, state, scratch, &failed);

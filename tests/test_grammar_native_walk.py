@@ -13,7 +13,10 @@ from radixflow.grammars import GrammarCompiler, masks, native_build, native_rows
 from radixflow.grammars.automaton import RegexAutomaton
 from radixflow.grammars.budget import GrammarBudgetExceeded, GrammarLimits
 from radixflow.grammars.cfg import GrammarAutomaton
+from radixflow.grammars.json_schema import schema_to_ir
+from radixflow.grammars.json_schema_resolve import canonical_schema
 from radixflow.grammars.masks import WalkTable, compute_mask
+from radixflow.grammars.nfa import Deadline
 from radixflow.grammars.regex_parse import parse_regex
 from radixflow.grammars.states import StateRows
 from radixflow.grammars.tokenizer_index import _build_index
@@ -121,7 +124,7 @@ def test_text_subtrees_are_taken_whole_and_match_the_reference(callback, kept, m
     no room kept for them, worked out again each time), in far fewer steps than the trie has
     nodes."""
     if not kept:
-        monkeypatch.setattr(native_walk.TextStates, "reserve", lambda self, n: None)
+        monkeypatch.setattr(native_walk.TextStates, "reserve", lambda self, *args: None)
     rng = np.random.default_rng(11)
     pieces = [b"a", b"b", b"ab", b"x", b" ", b'"', b"\\", b"\n", b":", b"{", b"\xc3\xa9",
               "€".encode(), b"\xc3", b"\xe2\x82", b"\xa9", b"\xff", b"\x01", b"n"]  # fmt: skip
@@ -153,6 +156,86 @@ def test_text_subtrees_are_taken_whole_and_match_the_reference(callback, kept, m
     assert shortcut >= 10
 
 
+def _open_object() -> RegexAutomaton:
+    """An object with three declared names and any others beside them (JSON string names)."""
+    schema = {"type": "object", "properties": {n: {"type": "integer"} for n in ("ab", "abx", "ba")}}
+    ir, _rules = schema_to_ir(canonical_schema(schema), None, Deadline(None))
+    return RegexAutomaton(ir)
+
+
+def test_names_beside_declared_ones_take_text_tokens_whole(callback):
+    """At an object's name where undeclared names are allowed too, every text token is alive
+    whatever declared name its letters start: the walk takes them whole and steps only down to
+    the tokens that leave the name (a quote, an escape), making no row for the prefixes of
+    declared names that no such token passes through."""
+    text = [b"a", b"ab", b"abx", b"abxy", b"b", b"ba", b"bab", b"q", b"\xc3\xa9", b"a\xc3\xa9"]
+    index = _build_index([None, *text, b'"', b'":', b'q"', b"q\\n", b"\\"], (0,))
+    automaton = _open_object()
+    name = automaton.initial
+    for b in b'{"':
+        name = int(automaton.row(name)[b])
+    flags = automaton.any_text(automaton.row_pointers().shape[0])
+    assert flags[name] == 1  # any name may follow the quote
+    words, _steps = native_walk.native_mask(
+        native_walk.trie_walk(), index, automaton, WalkTable(automaton).native_text, name
+    )
+    got = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
+    first = automaton.row(name)  # made by the walk: the quote and the escape start there
+    made = automaton.row_pointers()
+    assert made[first[ord("a")]] == 0 and made[first[ord("b")]] == 0
+    assert made[first[ord("q")]] != 0  # stepped through: 'q"' and 'q\\n' leave the name
+    want = allowed_tokens(index, automaton, name)  # the reference reads every row it meets
+    want[list(index.eos_ids)] = False
+    after_a = int(automaton.row(first[ord("a")])[ord('"')])
+    assert automaton.any_text(after_a + 1)[after_a] == 0  # the name "a" written: no more text
+    assert (got == want).all()
+    assert got[1 : len(text) + 1].all()  # every text token
+    assert got[len(text) + 1 : len(text) + 6].tolist() == [True, True, True, True, True]
+
+
+def test_names_beside_declared_ones_mask_as_the_reference(callback):
+    """Random tokens (text, quotes, escapes, control bytes, broken UTF-8) at every state of an
+    object with names beside its declared ones: the same tokens as the per-token reference."""
+    rng = np.random.default_rng(5)
+    pieces = [b"a", b"b", b"ab", b"x", b"ba", b" ", b'"', b"\\", b"\n", b":", b"1", b"\xc3\xa9",
+              "\u20ac".encode(), b"\xc3", b"\xa9", b"\x01", b"}", b","]  # fmt: skip
+    tokens = set(pieces)
+    while len(tokens) < 500:
+        tokens.add(b"".join(pieces[int(i)] for i in rng.integers(0, len(pieces), size=4))[:8])
+    index = _build_index([None, *sorted(tokens)], (0,))
+    automaton = _open_object()
+    table = WalkTable(automaton)
+    for again in (False, True):
+        for state in _reachable(automaton, 60):
+            words, _steps = native_walk.native_mask(
+                native_walk.trie_walk(), index, automaton, table.native_text, state
+            )
+            want = allowed_tokens(index, automaton, state)
+            want[list(index.eos_ids)] = False
+            got = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
+            assert (got == want).all(), (state, again)
+
+
+def test_a_walk_reads_the_any_text_flags_it_was_handed_while_they_grow(callback):
+    """States the walk makes past the flags' room are walked as any other (their flags are
+    read from the next walk on), and the flags a walk was handed stay readable while the
+    automaton grows a new array."""
+    index = _build_index([None, b'"', b"a", b"ab", b"abc", b"b", b"ba", b'a"', b"x"], (0,))
+    automaton = _open_object()
+    states = automaton.dfa.states
+    states.any_text = np.zeros(1, dtype=np.uint8)  # no room: every new flag grows the array
+    table = WalkTable(automaton)
+    for state in _reachable(automaton, 40):
+        words, _steps = native_walk.native_mask(
+            native_walk.trie_walk(), index, automaton, table.native_text, state
+        )
+        want = allowed_tokens(index, automaton, state)
+        want[list(index.eos_ids)] = False
+        got = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
+        assert (got == want).all(), state
+    assert states.any_text.shape[0] > 1 and states.any_text.any()
+
+
 def test_an_automaton_that_does_not_publish_its_rows_fails_instead_of_hanging(callback):
     """A row the callback computes but `row_pointers()` never shows stops the walk with an
     error (the walk would otherwise ask for it forever)."""
@@ -165,6 +248,9 @@ def test_an_automaton_that_does_not_publish_its_rows_fails_instead_of_hanging(ca
 
         def row_pointers(self):
             return np.zeros(4, dtype=np.int64)
+
+        def any_text(self, num_states):
+            return None
 
     index = _build_index([None, b"a", b"ab", b"b"], (0,))
     automaton = RegexAutomaton(parse_regex("ab?"))
