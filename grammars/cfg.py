@@ -405,8 +405,14 @@ class GrammarAutomaton:
         return ((node, lex, True),)
 
     def _intern(self, elems: tuple) -> int:
-        """The number of the parser state of `elems` (distinct elements, sorted)."""
-        return self.states.intern(elems) if elems else -1
+        """The number of the parser state of `elems` (distinct elements, sorted); it reads any
+        text where one element's lexer state does (a lexeme that any text continues keeps its
+        element alive)."""
+        if not elems:
+            return -1
+        flags = self.lexer.states.any_text
+        any_text = any(0 <= lex < flags.shape[0] and flags[lex] for _node, lex, _fresh in elems)
+        return self.states.intern(elems, bool(any_text))
 
     def _successors(self, node: int, lex: int) -> tuple:
         """Elements (sorted) after the lexer reached `lex` (live) from `node`'s lexeme start."""
@@ -486,8 +492,8 @@ class GrammarAutomaton:
     def row_pointers(self) -> np.ndarray:
         return self.states.pointers
 
-    def any_text(self, num_states: int) -> None:
-        return None  # not tracked for parser states
+    def any_text(self, num_states: int) -> np.ndarray:
+        return self.states.reserve_any_text(num_states)
 
     @property
     def native_rows(self) -> GrammarAutomaton | None:

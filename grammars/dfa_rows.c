@@ -1705,13 +1705,31 @@ static PyObject *union_of(PyObject *succ, const int32_t *col, Py_ssize_t n) {
     return out;
 }
 
+/* Whether parser state `elems` reads any text (`GrammarAutomaton._intern`): one of its (node,
+ * lex, fresh) elements' lexer states has the lexer's `any_text` flag (`flags`, the lexer's
+ * array when the row began: states made since count as not flagged). 1, 0, or -1 on error. */
+static int elems_any_text(const Py_buffer *flags, PyObject *elems) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(elems); k++) {
+        long lex = PyLong_AsLong(PyTuple_GET_ITEM(PyTuple_GET_ITEM(elems, k), 1));
+        if (lex == -1 && PyErr_Occurred()) return -1;
+        if (lex >= 0 && lex < flags->len && ((const uint8_t *)flags->buf)[lex]) return 1;
+    }
+    return 0;
+}
+
+/* `c_intern` of parser state `elems`, with its `elems_any_text` */
+static long c_intern_elems(Ctx *c, Table *d, PyObject *elems, const Py_buffer *flags) {
+    int any_text = elems_any_text(flags, elems);
+    return any_text < 0 ? ERR : c_intern(c, d, elems, any_text);
+}
+
 /* Writes into `row` (int32[256]) the parser row whose elements' lexer rows give, per byte, the
  * codes `cols[b * n + k]` (element k's live target's index plus its offset into `succ`; -1:
  * dead): each distinct column of codes, in increasing order as the Python code interns them,
- * becomes the state of the union of the successor sets it names (a column of dead codes, -1).
- * 0, or -1 on error. */
+ * becomes the state of the union of the successor sets it names (a column of dead codes, -1),
+ * flagged from the lexer's `any_text` (`flags`). 0, or -1 on error. */
 static int c_columns_row(Ctx *c, Table *d, const int32_t *cols, Py_ssize_t n, PyObject *succ,
-                         int32_t *row) {
+                         const Py_buffer *flags, int32_t *row) {
     if (n == 1) { /* one element (most rows): its codes are the columns, each code's set a state */
         Py_ssize_t k = PyList_GET_SIZE(succ);
         long *ids = malloc((k ? k : 1) * sizeof(long));
@@ -1722,7 +1740,7 @@ static int c_columns_row(Ctx *c, Table *d, const int32_t *cols, Py_ssize_t n, Py
         for (Py_ssize_t i = 0; i < k; i++) {
             int32_t code = (int32_t)i;
             PyObject *key = union_of(succ, &code, 1);
-            ids[i] = key == NULL ? ERR : PyTuple_GET_SIZE(key) == 0 ? -1 : c_intern(c, d, key, 0);
+            ids[i] = key == NULL ? ERR : PyTuple_GET_SIZE(key) == 0 ? -1 : c_intern_elems(c, d, key, flags);
             Py_XDECREF(key);
             if (ids[i] == ERR) {
                 free(ids);
@@ -1755,7 +1773,7 @@ static int c_columns_row(Ctx *c, Table *d, const int32_t *cols, Py_ssize_t n, Py
         int g = order[i];
         PyObject *key = union_of(succ, cols + reps[g] * n, n);
         if (key == NULL) return -1;
-        ids[g] = PyTuple_GET_SIZE(key) == 0 ? -1 : c_intern(c, d, key, 0);
+        ids[g] = PyTuple_GET_SIZE(key) == 0 ? -1 : c_intern_elems(c, d, key, flags);
         Py_DECREF(key);
         if (ids[g] == ERR) return -1;
     }
@@ -1939,7 +1957,15 @@ static int c_parser_fill(Ctx *c, Table *d, PyObject *automaton, long state, int3
     } else {
         if (n < size) /* the columns are `size` wide: narrow them to the `n` elements read */
             for (int b = 0; b < 256; b++) memmove(cols + b * n, cols + b * size, n * sizeof(int32_t));
-        ok = c_columns_row(c, d, cols, n, succ, row);
+        PyObject *lex_states = PyObject_GetAttr(lexer, s_states);
+        PyObject *array = lex_states == NULL ? NULL : PyObject_GetAttr(lex_states, s_any_text);
+        Py_buffer flags = {0};
+        if (array != NULL && PyObject_GetBuffer(array, &flags, PyBUF_C_CONTIGUOUS) == 0) {
+            ok = c_columns_row(c, d, cols, n, succ, &flags, row);
+            PyBuffer_Release(&flags);
+        }
+        Py_XDECREF(array);
+        Py_XDECREF(lex_states);
     }
 done:
     for (Py_ssize_t k = 0; k < have; k++) PyBuffer_Release(&bufs[k]);

@@ -362,10 +362,12 @@ def test_rows_the_c_walk_makes_are_the_rows_row_makes(native, monkeypatch):
     assert all(np.array_equal(in_c.row(s), asked.row(s)) for s in made)
 
 
-def test_parser_rows_the_c_walk_makes_are_the_rows_row_makes(native, monkeypatch):
+@pytest.mark.parametrize("others", [False, True], ids=["declared-names", "any-names"])
+def test_parser_rows_the_c_walk_makes_are_the_rows_row_makes(native, monkeypatch, others):
     """A recursive schema's grammar automaton: the C walk makes its missing parser rows itself
     (`dfa_rows.cfg_row`'s steps, no Python frame per row), with the same parser states, rows,
-    masks and bytes charged as when it asks the automaton's `row`."""
+    masks, bytes charged and states that read any text (an object's names beside its declared
+    ones) as when it asks the automaton's `row`."""
     if native_rows.dfa_rows() is None:
         pytest.skip("the walk makes rows in C only with the native lazy DFA rows")
     tok = tiny_tokenizer()
@@ -378,6 +380,7 @@ def test_parser_rows_the_c_walk_makes_are_the_rows_row_makes(native, monkeypatch
                     "next": {"anyOf": [{"$ref": "#/$defs/cell"}, {"type": "null"}]},
                 },
                 "required": ["value"],
+                "additionalProperties": others,
             }
         },
         "$ref": "#/$defs/cell",
@@ -391,17 +394,22 @@ def test_parser_rows_the_c_walk_makes_are_the_rows_row_makes(native, monkeypatch
             grammar = GrammarCompiler(tok).compile_json_schema(linked_list)
             assert isinstance(grammar.automaton, GrammarAutomaton)
             assert (grammar.automaton.native_rows is not None) == c_rows
-            matcher, got = grammar.matcher(), []
+            matcher, got, by_walks = grammar.matcher(), [], 0
             for b in text:
+                before = np.count_nonzero(grammar.automaton.row_pointers())
                 got.append(matcher.next_token_mask().copy())
+                by_walks += np.count_nonzero(grammar.automaton.row_pointers()) - before
                 assert matcher.accept(grammar.index.token_bytes.index(bytes([b])))
-        return grammar.automaton, got
+        return grammar.automaton, got, by_walks
 
-    (in_c, masks_c), (asked, masks_asked) = walked(True), walked(False)
+    (in_c, masks_c, by_walks), (asked, masks_asked, _) = walked(True), walked(False)
     assert [m.tolist() for m in masks_c] == [m.tolist() for m in masks_asked]
     assert in_c.sets == asked.sets and len(in_c.sets) > 20
     assert in_c.budget.nbytes == asked.budget.nbytes
-    assert sum(type(r) is tuple for r in in_c.states._rows) > 10  # made by the walk
+    flags = in_c.any_text(len(in_c.sets))[: len(in_c.sets)]
+    assert flags.tolist() == asked.any_text(len(asked.sets))[: len(asked.sets)].tolist()
+    assert flags.any() == others  # the names after each brace
+    assert by_walks > 10
     made = [s for s in range(len(in_c.sets)) if in_c.row_pointers()[s]]
     assert made == [s for s in range(len(asked.sets)) if asked.row_pointers()[s]]
     assert all(np.array_equal(in_c.row(s), asked.row(s)) for s in made)
