@@ -133,16 +133,24 @@ static void set_bit(uint32_t *words, int32_t token) { words[token >> 5] |= 1u <<
 
 static int walk_nodes(struct walk *w, int64_t lo, int64_t hi);
 
-/* The subtree of text node `i` under text states `by_phase`: its text tokens alive, the rough
- * roots in it walked. 0, or -1 when a row could not be made. */
-static int absorb(struct walk *w, int64_t i, const int32_t *by_phase) {
+/* Or-s in the packed row of text node `i`'s text tokens, where it has one; returns its row
+ * number, -1 where it has none (its tokens' bits are then set node by node). */
+static int32_t or_text_row(struct walk *w, int64_t i) {
     const struct trie *t = w->t;
-    const int64_t end = i + t->size[i];
     const int32_t rows = t->words_of[i];
     if (rows >= 0) {
         const uint32_t *src = t->text_words + (int64_t)rows * t->num_words;
         for (int64_t k = 0; k < t->num_words; k++) w->words[k] |= src[k];
     }
+    return rows;
+}
+
+/* The subtree of text node `i` under text states `by_phase`: its text tokens alive, the rough
+ * roots in it walked. 0, or -1 when a row could not be made. */
+static int absorb(struct walk *w, int64_t i, const int32_t *by_phase) {
+    const struct trie *t = w->t;
+    const int64_t end = i + t->size[i];
+    const int32_t rows = or_text_row(w, i);
     int32_t state_copy[MAX_PHASES]; /* the cache may hand out `by_phase` from scratch space */
     memcpy(state_copy, by_phase, t->num_phases * sizeof(int32_t));
     for (int64_t j = i + 1; j < end;) {
@@ -175,11 +183,7 @@ static int reads_any_text(const struct walk *w, int32_t state) {
 static int absorb_any(struct walk *w, int64_t i) {
     const struct trie *t = w->t;
     const int64_t end = i + t->size[i];
-    const int32_t rows = t->words_of[i];
-    if (rows >= 0) {
-        const uint32_t *src = t->text_words + (int64_t)rows * t->num_words;
-        for (int64_t k = 0; k < t->num_words; k++) w->words[k] |= src[k];
-    }
+    const int32_t rows = or_text_row(w, i);
     for (int64_t j = i + 1; j < end;) {
         const int64_t r = t->rough_next[j], past = j + t->size[j];
         if (r == j) { /* a rough root: walked from its parent's state */

@@ -114,6 +114,17 @@ def _reachable(automaton, limit: int) -> list[int]:
     return sorted(states)
 
 
+def _walk_and_reference(index, automaton, table: WalkTable, state: int):
+    """The C walk's tokens at `state` (bool per mask bit) with its steps, and the per-token
+    reference's, EOS left out (the walk leaves it to `compute_mask`)."""
+    words, steps = native_walk.native_mask(
+        native_walk.trie_walk(), index, automaton, table.native_text, state
+    )
+    want = allowed_tokens(index, automaton, state)
+    want[list(index.eos_ids)] = False
+    return np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool), steps, want
+
+
 @pytest.mark.parametrize("kept", [True, False])
 def test_text_subtrees_are_taken_whole_and_match_the_reference(callback, kept, monkeypatch):
     """Free JSON string content and object names beside declared ones: the C walk takes the
@@ -143,12 +154,7 @@ def test_text_subtrees_are_taken_whole_and_match_the_reference(callback, kept, m
         table = WalkTable(automaton)
         for again in (False, True):
             for state in _reachable(automaton, 40):
-                words, steps = native_walk.native_mask(
-                    native_walk.trie_walk(), index, automaton, table.native_text, state
-                )
-                want = allowed_tokens(index, automaton, state)
-                want[list(index.eos_ids)] = False  # the walk leaves EOS to `compute_mask`
-                got = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
+                got, steps, want = _walk_and_reference(index, automaton, table, state)
                 assert (got == want).all(), (pattern, state, again)
                 numpy = masks.numpy_mask(index, WalkTable(automaton), state)
                 assert (compute_mask(index, table, state) == numpy).all(), (pattern, state)
@@ -207,12 +213,7 @@ def test_names_beside_declared_ones_mask_as_the_reference(callback):
     table = WalkTable(automaton)
     for again in (False, True):
         for state in _reachable(automaton, 60):
-            words, _steps = native_walk.native_mask(
-                native_walk.trie_walk(), index, automaton, table.native_text, state
-            )
-            want = allowed_tokens(index, automaton, state)
-            want[list(index.eos_ids)] = False
-            got = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
+            got, _steps, want = _walk_and_reference(index, automaton, table, state)
             assert (got == want).all(), (state, again)
 
 
@@ -226,12 +227,7 @@ def test_a_walk_reads_the_any_text_flags_it_was_handed_while_they_grow(callback)
     states.any_text = np.zeros(1, dtype=np.uint8)  # no room: every new flag grows the array
     table = WalkTable(automaton)
     for state in _reachable(automaton, 40):
-        words, _steps = native_walk.native_mask(
-            native_walk.trie_walk(), index, automaton, table.native_text, state
-        )
-        want = allowed_tokens(index, automaton, state)
-        want[list(index.eos_ids)] = False
-        got = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
+        got, _steps, want = _walk_and_reference(index, automaton, table, state)
         assert (got == want).all(), state
     assert states.any_text.shape[0] > 1 and states.any_text.any()
 
