@@ -1710,7 +1710,12 @@ static PyObject *union_of(PyObject *succ, const int32_t *col, Py_ssize_t n) {
  * array when the row began: states made since count as not flagged). 1, 0, or -1 on error. */
 static int elems_any_text(const Py_buffer *flags, PyObject *elems) {
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(elems); k++) {
-        long lex = PyLong_AsLong(PyTuple_GET_ITEM(PyTuple_GET_ITEM(elems, k), 1));
+        PyObject *elem = PyTuple_GET_ITEM(elems, k);
+        if (!PyTuple_Check(elem) || PyTuple_GET_SIZE(elem) != 3) {
+            PyErr_SetString(PyExc_TypeError, "dfa_rows: a parser element is not (node, lex, fresh)");
+            return -1;
+        }
+        long lex = PyLong_AsLong(PyTuple_GET_ITEM(elem, 1));
         if (lex == -1 && PyErr_Occurred()) return -1;
         if (lex >= 0 && lex < flags->len && ((const uint8_t *)flags->buf)[lex]) return 1;
     }

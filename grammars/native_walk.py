@@ -199,7 +199,7 @@ class TextStates:
     def nbytes(self) -> int:
         return self.index.nbytes + self.states.nbytes
 
-    def reserve(self, num_states: int, any_text: np.ndarray | None = None) -> None:
+    def reserve(self, num_states: int, any_text: np.ndarray | None) -> None:
         """Room for at least `num_states` states (twice that when it grows), and rows for 16
         more states that read text (as many again as are used when it grows); the walk reads
         the automaton's `any_text` flags (`ByteAutomaton.any_text`) from this array."""
