@@ -15,7 +15,7 @@ from .cfg import GrammarAutomaton, bnf_from_ebnf
 from .gbnf import gbnf_to_lark
 from .json_schema import schema_to_ir
 from .json_schema_memo import shared_memo
-from .json_schema_resolve import parse_schema_source
+from .json_schema_resolve import parse_schema_source, schema_doc
 from .lark_import import lark_to_bnf
 from .matcher import CompiledGrammar
 from .native_rows import dfa_rows
@@ -63,8 +63,9 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
     ):
         self.index = get_tokenizer_index(tokenizer, vocab_size, eos_token_ids)
         warm_unicode_classes()
-        # What the first compile and mask would otherwise wait for: the C rows and walk (built
-        # on first use) and the tokenizer's trie for the walk.
+        # What the first compile and mask would otherwise wait for: the C schema walks, rows
+        # and trie walk (built on first use) and the tokenizer's trie for the walk.
+        schema_doc()
         dfa_rows()
         prepare_mask_walk(self.index)
         self.compile_timeout = compile_timeout

@@ -19,16 +19,20 @@ bare `{"$ref": ...}` schemas is followed in a loop and costs one level); past ei
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import urllib.parse
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from .json_schema_disjoint import json_common
 from .json_schema_numbers import check_numbers
 from .json_schema_strings import FORMATS
+from .native_build import load_extension
 from .nfa import Deadline
 from .regex_algebra import search
 
@@ -55,10 +59,20 @@ MAX_MERGED_BRANCHES = 64  # branches of two anyOf/oneOf lists merged in allOf (t
 MAX_SCHEMA_DEPTH = 128  # nested conversions/merges (~4 Python frames each)
 MAX_DOCUMENT_DEPTH = 2 * MAX_SCHEMA_DEPTH  # arrays/objects in the schema document
 # Keywords whose value maps names to schemas (names kept in order) or is data (kept as is).
-NAME_MAPS = {
+NAME_MAPS = frozenset({
     "properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies",
-}  # fmt: skip
-DATA = {"const", "enum", "default", "examples", "example"}
+})  # fmt: skip
+DATA = frozenset({"const", "enum", "default", "examples", "example"})
+DOC_SOURCE = Path(__file__).with_name("schema_doc.c")
+
+
+@functools.cache
+def schema_doc() -> ModuleType | None:
+    """The C module for `canonical_schema` and `SchemaResolver.key` (`schema_doc.c`), or None
+    (the Python twins) with the reason logged or warned once."""
+    return load_extension(
+        "schema canonical form and keys", "they use the slower Python code", DOC_SOURCE
+    )
 
 
 def _too_deep(where: str, what: str, limit: int, knob: str) -> ValueError:
@@ -99,6 +113,17 @@ def parse_schema_source(schema, whitespace_pattern: str | None = None) -> Schema
 def canonical_schema(schema):
     """A copy of `schema` in canonical form (see module docstring); raises past
     `MAX_DOCUMENT_DEPTH`."""
+    native = schema_doc()
+    if native is not None:
+        try:
+            return native.canonical(schema, NAME_MAPS, DATA, MAX_DOCUMENT_DEPTH)
+        except native.TooDeep:
+            pass  # the Python code names where
+    return _canonical_schema(schema)
+
+
+def _canonical_schema(schema):
+    """`canonical_schema` in Python (the C one's twin)."""
     # Post-order over an explicit stack of (node, kind, depth, path, expanded); kind is
     # "schema", "map" (names to schemas) or "data" (left as written, never stacked). A path is
     # (parent's path, name), written out only for the error.
@@ -182,6 +207,12 @@ class SchemaResolver:
         got = keys.get(id(node))
         if got is not None:
             return got[1]
+        native = schema_doc()
+        if native is not None:
+            try:
+                return native.key(node, keys, self._number)
+            except native.TooDeep:
+                pass  # the Python code goes on from what C numbered
         stack = [(node, False)]
         while stack:
             item, expanded = stack.pop()

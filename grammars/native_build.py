@@ -15,15 +15,21 @@ twins for all of it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.machinery
+import importlib.util
 import logging
 import os
 import platform
 import shutil
 import subprocess
+import sys
+import sysconfig
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import TypeVar
 
 from radixflow.cache import cache_dir, temporary_beside
@@ -97,3 +103,26 @@ def load_native(
         return got
     warnings.warn(f"building the native {what} failed ({reason}); {fallback}", stacklevel=3)
     return None
+
+
+def _import_extension(name: str, lib: Path) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(name, str(lib))
+    spec = importlib.util.spec_from_file_location(name, lib, loader=loader)
+    if spec is None:
+        raise ImportError(f"cannot load {lib}")
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def load_extension(what: str, fallback: str, source: Path) -> ModuleType | None:
+    """The Python extension module written in `source` (named for its file) built and
+    imported, or None as `load_native` says. Building it needs the interpreter's C headers
+    (`sysconfig`'s include path)."""
+    # The include path names the Python version, which the build's hash covers; macOS links
+    # an extension's Python symbols when it is loaded, not when it is built.
+    flags = (f"-I{sysconfig.get_paths()['include']}",)
+    if sys.platform == "darwin":
+        flags += ("-undefined", "dynamic_lookup")
+    load = functools.partial(_import_extension, source.stem)
+    return load_native(what, fallback, source, load, flags)
