@@ -118,23 +118,35 @@ def _as_table(ir) -> tuple[DfaTable, int] | None:
     return None
 
 
-def _trie(words: Sequence[str], deadline: Deadline) -> tuple[list[dict[int, int]], list[bool]]:
-    """The trie of `words`: per node (0 the root) {code point: child} and whether a word ends
-    there."""
-    kids: list[dict[int, int]] = [{}]
+def _trie(
+    words: Sequence[str], deadline: Deadline
+) -> tuple[list[list[tuple[int, int]]], list[bool]]:
+    """The trie of `words`: per node (0 the root) its (code point, child)s in code point
+    order, and whether a word ends there. Built from the words sorted, so that each node's
+    children come in order and each word starts from the nodes of the one before it."""
+    kids: list[list[tuple[int, int]]] = [[]]
     ends = [False]
-    for i, word in enumerate(words):
+    path = [0]  # the nodes along the word before, from the root
+    before = ""
+    for i, word in enumerate(sorted(words)):
         if i % 256 == 0:
             deadline.check()
-        node = 0
-        for ch in word:
-            nxt = kids[node].get(ord(ch))
-            if nxt is None:
-                nxt = kids[node][ord(ch)] = len(kids)
-                kids.append({})
-                ends.append(False)
-            node = nxt
+        common = 0
+        for a, b in zip(before, word, strict=False):
+            if a != b:
+                break
+            common += 1
+        del path[common + 1 :]
+        node = path[common]
+        for ch in word[common:]:
+            child = len(kids)
+            kids[node].append((ord(ch), child))
+            kids.append([])
+            ends.append(False)
+            path.append(child)
+            node = child
         ends[node] = True
+        before = word
     return kids, ends
 
 
@@ -149,9 +161,9 @@ def _all_but(words: tuple[str, ...]) -> DfaTable:
     # Tuples of ints and floats: Python's cyclic collector stops tracking them, where each list
     # (or dict) would be scanned, item by item, by every full collection for as long as the
     # table is cached (hundreds of tables, thousands of trie nodes).
-    shortest = (*(1 if end else 0 for end in ends), 0)
-    accepting = (*(not end for end in ends), True)
-    moves = tuple(tuple(sorted(k.items())) for k in kids)
+    shortest = (*map(int, ends), 0)
+    accepting = (*[not end for end in ends], True)
+    moves = tuple(map(tuple, kids))
     lengths = (shortest, (math.inf,) * (past + 1))
     return DfaTable(_AllButRows(moves, past), accepting, lengths, covers_text=True)
 
@@ -187,7 +199,7 @@ class _AllButRows(list):
 def _without_trie(
     table: DfaTable,
     start: int,
-    kids: list[dict[int, int]],
+    kids: list[list[tuple[int, int]]],
     ends: list[bool],
     deadline: Deadline,
 ) -> DfaTable | None:
@@ -216,7 +228,7 @@ def _without_trie(
             starts = firsts.get(t)
             if starts is None:
                 starts = firsts[t] = [[lo for lo, _hi in ranges] for ranges, _t in row]
-            for cp, child in sorted(kids[node].items()):
+            for cp, child in kids[node]:
                 for m, (ranges, t2) in enumerate(row):
                     i = bisect_right(starts[m], cp) - 1
                     if i >= 0 and ranges[i][1] >= cp:
