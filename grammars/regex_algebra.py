@@ -308,6 +308,12 @@ def explore(
     when the start cannot); states `dead` says cannot are not entered. Raises past
     `MAX_STATES` states."""
     rest = accept((False,) * len(start))  # words in none of the languages are accepted
+    what = "the combined regular expression"
+    if terms.native is not None:  # the loop below in C (regex_derivs.c)
+        moves, accepting = terms.native.explore(
+            terms.parts, terms.more, start, accept, dead, rest, normalize, MAX_STATES, what
+        )
+        return _trim(moves, accepting)
     index = {start: 0}
     states = [start]
     refused: set[tuple[int, ...]] = set()  # successors found dead, not entered
@@ -327,7 +333,7 @@ def explore(
                 if (not rest and all(t == NEVER_TERM for t in nxt)) or (dead and dead(nxt)):
                     refused.add(nxt)
                     continue
-                j = _state_number(index, states, nxt, "the combined regular expression")
+                j = _state_number(index, states, nxt, what)
             by_target[j] = by_target.get(j, ()) + block
         moves.append([(normalize(ranges), j) for j, ranges in by_target.items()])
     return _trim(moves, accepting)

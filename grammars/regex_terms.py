@@ -9,9 +9,13 @@ A `Dfa` node (without length bounds or spelling) is one term per state of its ta
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 
+from .native_build import load_extension
 from .nfa import Deadline
 from .regex_ir import (
     MAX_CODEPOINT,
@@ -28,6 +32,16 @@ from .regex_ir import (
 
 NEVER = Alt(())  # the IR of the empty language
 EMPTY_TERM, NEVER_TERM = 0, 1  # term ids of the empty string and the empty language
+DERIVS_SOURCE = Path(__file__).with_name("regex_derivs.c")
+
+
+@functools.cache
+def regex_derivs() -> ModuleType | None:
+    """The C module for `Terms.deriv`, `step` and `nullable` (`regex_derivs.c`), or None (the
+    Python methods) with the reason logged or warned once."""
+    return load_extension(
+        "regex derivatives", "regex algebra uses the slower Python code", DERIVS_SOURCE
+    )
 
 
 def _contains(ranges: Ranges, cp: int) -> bool:
@@ -50,6 +64,15 @@ class Terms:
         self._classes: dict[tuple[frozenset, bool], tuple[Ranges, ...]] = {}
         self._intern(("e",))
         self._intern(("n",))
+        # The C module (None: the Python methods below), with what it reads: this object's
+        # own list and dicts (so C and Python make the same terms with the same ids) and, for
+        # `regex_algebra.explore`, the first-sets and classes memos, `_sweep` and the clock.
+        self.native = native = regex_derivs()
+        self.parts = (self._nodes, self._ids, self._nullable, self._derivs)
+        self.more = (self._firsts, self._classes, self._sweep, self.deadline.check)
+        if native is not None:  # C stands in for three methods (a partial holds no cycle)
+            for name in ("deriv", "step", "nullable"):
+                setattr(self, name, functools.partial(getattr(native, name), self.parts))
 
     def _intern(self, node: tuple) -> int:
         got = self._ids.get(node)

@@ -5,12 +5,19 @@ import subprocess
 
 import pytest
 
-from radixflow.grammars import json_schema_resolve, native_build, native_rows, native_walk
+from radixflow.grammars import (
+    json_schema_resolve,
+    native_build,
+    native_rows,
+    native_walk,
+    regex_terms,
+)
 
 NATIVES = [
     pytest.param(native_walk.trie_walk, native_walk.describe, "trie_walk-", "native trie walk"),
     pytest.param(native_rows.dfa_rows, native_rows.describe, "dfa_rows-", "native rows"),
     pytest.param(json_schema_resolve.schema_doc, None, "schema_doc-", None),
+    pytest.param(regex_terms.regex_derivs, None, "regex_derivs-", None),
 ]
 
 
