@@ -71,8 +71,8 @@ class PatternNames:
         self.deadline = deadline
         self.schemas = list(patterns.values())
         self.irs = [parse_search_regex(p) for p in patterns]
-        self._terms = Terms(deadline)
-        self._starts = [self._terms.term(ir) for ir in self.irs]
+        self._terms = Terms(deadline) if self.irs else None  # most objects have no patterns
+        self._starts = [self._terms.term(ir) for ir in self.irs] if self._terms else []
         self._prefixes = [word_prefix(ir) for ir in self.irs]  # '' for unanchored patterns
         self._meets: dict[frozenset[int], bool] = {}
 
