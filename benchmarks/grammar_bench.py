@@ -309,12 +309,25 @@ class Worker:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, args=(child, *self.args), daemon=True)
         self.proc.start()
-        return self.conn.recv()
+        child.close()  # the worker's end: its exit then ends the pipe here (EOFError, no hang)
+        try:
+            return self.conn.recv()
+        except EOFError:
+            self.proc.join()
+            raise RuntimeError(
+                f"the {self.args[1]} worker ({self.args[0]} tokenizer) exited with code "
+                f"{self.proc.exitcode} before it was ready; its error is printed above"
+            ) from None
 
     def run(self, path: Path) -> Outcome:
         self.conn.send(str(path))
         if self.conn.poll(SCHEMA_LIMIT_S + _KILL_GRACE_S):
-            return self.conn.recv()
+            try:
+                return self.conn.recv()
+            except EOFError:  # the worker died (a native crash): this schema fails, go on
+                self.proc.join()
+                self._start()
+                return Outcome("compile_error", None, detail="the worker process died")
         self.proc.kill()
         self.proc.join()
         self._start()
