@@ -1,7 +1,9 @@
 """Grammar code in C, built on first use with the system C compiler: the trie walk
-(`native_walk`, a plain library loaded through ctypes) and the lazy DFA's rows with the NFA
-states they make and the walk's row callback (`native_rows`, a Python extension module). Each
-has its Python twin, which runs where the C is not built.
+(`native_walk`, a plain library loaded through ctypes), and as Python extension modules
+(`load_extension`) the lazy DFA's rows with the NFA states they make and the walk's row
+callback (`native_rows`), a JSON Schema's canonical copy and structure numbers
+(`json_schema_resolve.schema_doc`) and regex derivatives with the product automaton's loop
+(`regex_terms.regex_derivs`). Each has its Python twin, which runs where the C is not built.
 
 A source is compiled once per machine (`$CC`, else `cc`, `gcc` or `clang`; `-O3`, whose
 vectorizer takes loops such as the walk's or-ing of packed rows that `-O2` leaves scalar, and
