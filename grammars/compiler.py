@@ -24,6 +24,7 @@ from .nfa import Deadline, untrack_ir
 from .reaper import reaper
 from .regex_ir import Alt, literal
 from .regex_parse import parse_regex, warm_unicode_classes
+from .regex_terms import regex_derivs
 from .source_kinds import SourceKinds
 from .tokenizer_index import get_tokenizer_index
 
@@ -63,9 +64,10 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
     ):
         self.index = get_tokenizer_index(tokenizer, vocab_size, eos_token_ids)
         warm_unicode_classes()
-        # What the first compile and mask would otherwise wait for: the C schema walks, rows
-        # and trie walk (built on first use) and the tokenizer's trie for the walk.
+        # What the first compile and mask would otherwise wait for: the C schema walks, regex
+        # derivatives, rows and trie walk (built on first use) and the tokenizer's trie.
         schema_doc()
+        regex_derivs()
         dfa_rows()
         prepare_mask_walk(self.index)
         self.compile_timeout = compile_timeout
