@@ -58,12 +58,19 @@ static int is_kind(PyObject *node, PyObject *kind) {
 
 static long as_id(PyObject *obj) { return obj == NULL ? ERR : PyLong_AsLong(obj); }
 
+/* ERR, with the error of a term tuple shorter than its kind needs. */
+static long lacks_field(void) {
+    PyErr_SetString(PyExc_TypeError, "regex_derivs: a term lacks a field");
+    return ERR;
+}
+
+/* Item `i` of a term tuple (borrowed), NULL with `lacks_field`'s error past its end. */
+static PyObject *item_of(PyObject *node, Py_ssize_t i) {
+    return PyTuple_GET_SIZE(node) <= i ? (lacks_field(), NULL) : PyTuple_GET_ITEM(node, i);
+}
+
 static long field(PyObject *node, Py_ssize_t i) {
-    if (PyTuple_GET_SIZE(node) <= i) {
-        PyErr_SetString(PyExc_TypeError, "regex_derivs: a term lacks a field");
-        return ERR;
-    }
-    return as_id(PyTuple_GET_ITEM(node, i));
+    return PyTuple_GET_SIZE(node) <= i ? lacks_field() : as_id(PyTuple_GET_ITEM(node, i));
 }
 
 /* The id of `node` (a new tuple, stolen), interned when new: `Terms._intern`. */
@@ -128,7 +135,7 @@ static long alt(Terms *t, const long *items, Py_ssize_t n) {
             goto done;
         if (is_kind(node, s_a)) {
             if (PyTuple_GET_SIZE(node) < 2) {
-                PyErr_SetString(PyExc_TypeError, "regex_derivs: a term lacks a field");
+                lacks_field();
                 goto done;
             }
             PyObject *merged = PyNumber_InPlaceOr(flat, PyTuple_GET_ITEM(node, 1));
@@ -238,7 +245,8 @@ static int nullable(Terms *t, long id) {
         if (out == 1)
             out = nullable(t, b);
     } else if (is_kind(node, s_a)) {
-        PyObject *it = PyTuple_GET_SIZE(node) < 2 ? NULL : PyObject_GetIter(PyTuple_GET_ITEM(node, 1));
+        PyObject *items = item_of(node, 1);
+        PyObject *it = items == NULL ? NULL : PyObject_GetIter(items);
         out = it == NULL ? -1 : 0;
         PyObject *item;
         while (out == 0 && it != NULL && (item = PyIter_Next(it)) != NULL) {
@@ -250,13 +258,14 @@ static int nullable(Terms *t, long id) {
             out = -1;
         Py_XDECREF(it);
     } else if (is_kind(node, s_d)) {
-        PyObject *acc = PyTuple_GET_SIZE(node) < 3 ? NULL : PyObject_GetAttrString(PyTuple_GET_ITEM(node, 1), "accepting");
-        PyObject *flag = acc == NULL ? NULL : PyObject_GetItem(acc, PyTuple_GET_ITEM(node, 2));
+        PyObject *start = item_of(node, 2);
+        PyObject *acc = start == NULL ? NULL : PyObject_GetAttrString(PyTuple_GET_ITEM(node, 1), "accepting");
+        PyObject *flag = acc == NULL ? NULL : PyObject_GetItem(acc, start);
         out = flag == NULL ? -1 : PyObject_IsTrue(flag);
         Py_XDECREF(acc);
         Py_XDECREF(flag);
     } else if (is_kind(node, s_r)) {
-        long lo = PyTuple_GET_SIZE(node) < 4 ? ERR : field(node, 2);
+        long lo = PyTuple_GET_SIZE(node) < 4 ? lacks_field() : field(node, 2);
         long x = lo == ERR ? ERR : field(node, 1);
         out = x == ERR ? -1 : lo == 0 ? 1 : nullable(t, x);
     } else if (PyUnicode_Check(k)) {
@@ -294,7 +303,8 @@ static long deriv_node(Terms *t, PyObject *node, long cp) {
         return alt(t, both, 2);
     }
     if (is_kind(node, s_a)) {
-        PyObject *items = PyTuple_GET_SIZE(node) < 2 ? NULL : PySequence_List(PyTuple_GET_ITEM(node, 1));
+        PyObject *set = item_of(node, 1);
+        PyObject *items = set == NULL ? NULL : PySequence_List(set);
         if (items == NULL)
             return ERR;
         Py_ssize_t n = PyList_GET_SIZE(items);
@@ -318,7 +328,7 @@ static long deriv_node(Terms *t, PyObject *node, long cp) {
     }
     if (is_kind(node, s_d)) {
         if (PyTuple_GET_SIZE(node) < 3)
-            return field(node, 2);
+            return lacks_field();
         PyObject *table = PyTuple_GET_ITEM(node, 1);
         PyObject *moves = PyObject_GetAttrString(table, "moves");
         PyObject *row = moves == NULL ? NULL : PyObject_GetItem(moves, PyTuple_GET_ITEM(node, 2));
@@ -346,7 +356,7 @@ static long deriv_node(Terms *t, PyObject *node, long cp) {
     }
     if (is_kind(node, s_r)) {
         if (PyTuple_GET_SIZE(node) < 4)
-            return field(node, 3);
+            return lacks_field();
         long x = field(node, 1), lo = field(node, 2);
         PyObject *hi_obj = PyTuple_GET_ITEM(node, 3);
         long hi = hi_obj == Py_None ? 0 : as_id(hi_obj);
@@ -435,7 +445,7 @@ static PyObject *firsts(Terms *t, More *m, long id) {
         int dfa = is_kind(node, s_d);
         PyObject *items = NULL;
         if (PyTuple_GET_SIZE(node) < (dfa ? 3 : 2)) {
-            PyErr_SetString(PyExc_TypeError, "regex_derivs: a term lacks a field");
+            lacks_field();
         } else if (dfa) {
             PyObject *moves = PyObject_GetAttrString(PyTuple_GET_ITEM(node, 1), "moves");
             items = moves == NULL ? NULL : PyObject_GetItem(moves, PyTuple_GET_ITEM(node, 2));
@@ -530,16 +540,19 @@ static PyObject *target_ranges(PyObject *blocks, PyObject *normalize) {
     return out;
 }
 
+/* One product automaton being explored: its arguments, read once, and its states so far. */
+typedef struct {
+    PyObject *dead, *rest, *normalize, *what; /* borrowed: `explore`'s arguments */
+    long max_states;
+    int any_rest;                           /* `rest` is true: words in no language are accepted */
+    PyObject *index, *states, *refused;     /* state -> number, states by number, dead ones */
+} Product;
+
 /* One state's row: each class's successor numbered (new ones appended to `states`), refused
  * ones skipped; (ranges, number) per successor in first-met order. */
-static PyObject *explore_row(Terms *t, More *m, PyObject *state, PyObject *args[], PyObject *index,
-                             PyObject *states, PyObject *refused) {
-    PyObject *dead = args[2], *rest = args[3], *normalize = args[4], *what = args[6];
-    long max_states = PyLong_AsLong(args[5]);
-    int any_rest = PyObject_IsTrue(rest);
-    if ((max_states == -1 && PyErr_Occurred()) || any_rest < 0)
-        return NULL;
-    PyObject *blocks = classes(t, m, state, rest), *by_target = PyDict_New(), *row = NULL;
+static PyObject *explore_row(Terms *t, More *m, Product *p, PyObject *state) {
+    PyObject *dead = p->dead, *index = p->index, *states = p->states, *refused = p->refused;
+    PyObject *blocks = classes(t, m, state, p->rest), *by_target = PyDict_New(), *row = NULL;
     PyObject *fast = blocks == NULL ? NULL : PySequence_Fast(blocks, "classes are not a sequence");
     if (fast == NULL || by_target == NULL)
         goto done;
@@ -572,7 +585,7 @@ static PyObject *explore_row(Terms *t, More *m, PyObject *state, PyObject *args[
             Py_INCREF(j);
         } else if (!PyErr_Occurred()) {
             int skip = PySet_Contains(refused, nxt);
-            if (skip == 0 && !any_rest && all_never)
+            if (skip == 0 && !p->any_rest && all_never)
                 skip = 1 + (PySet_Add(refused, nxt) < 0);
             if (skip == 0 && dead != Py_None) {
                 PyObject *verdict = PyObject_CallOneArg(dead, nxt);
@@ -583,10 +596,10 @@ static PyObject *explore_row(Terms *t, More *m, PyObject *state, PyObject *args[
             }
             if (skip == 0) {
                 Py_ssize_t number = PyList_GET_SIZE(states);
-                if (number >= max_states) {
+                if (number >= p->max_states) {
                     PyErr_Format(PyExc_ValueError,
                                  "%U needs more than %ld states (the default of grammar_max_states)",
-                                 what, max_states);
+                                 p->what, p->max_states);
                 } else if ((j = PyLong_FromSsize_t(number)) != NULL &&
                            (PyDict_SetItem(index, nxt, j) < 0 || PyList_Append(states, nxt) < 0)) {
                     Py_CLEAR(j);
@@ -618,7 +631,7 @@ static PyObject *explore_row(Terms *t, More *m, PyObject *state, PyObject *args[
     PyObject *j, *list;
     Py_ssize_t pos = 0;
     while (row != NULL && PyDict_Next(by_target, &pos, &j, &list)) {
-        PyObject *ranges = target_ranges(list, normalize);
+        PyObject *ranges = target_ranges(list, p->normalize);
         PyObject *move = ranges == NULL ? NULL : PyTuple_Pack(2, ranges, j);
         Py_XDECREF(ranges);
         if (move == NULL || PyList_Append(row, move) < 0)
@@ -654,13 +667,14 @@ static PyObject *py_explore(PyObject *self, PyObject *const *args, Py_ssize_t na
     m.classes = PyTuple_GET_ITEM(more, 1);
     m.sweep = PyTuple_GET_ITEM(more, 2);
     m.check = PyTuple_GET_ITEM(more, 3);
-    /* dead, rest, normalize, max_states, what at 2..6, as explore_row reads them */
-    PyObject *row_args[7] = {NULL, NULL, args[4], args[5], args[6], args[7], args[8]};
-    PyObject *index = PyDict_New(), *states = PyList_New(0), *refused = PySet_New(NULL);
+    Product p = {args[4], args[5], args[6], args[8], PyLong_AsLong(args[7]),
+                 PyObject_IsTrue(args[5]), PyDict_New(), PyList_New(0), PySet_New(NULL)};
+    PyObject *index = p.index, *states = p.states, *refused = p.refused;
     PyObject *moves = PyList_New(0), *accepting = PyList_New(0), *zero = PyLong_FromLong(0);
     PyObject *out = NULL;
-    if (!index || !states || !refused || !moves || !accepting || !zero ||
-        PyDict_SetItem(index, start, zero) < 0 || PyList_Append(states, start) < 0)
+    if ((p.max_states == -1 && PyErr_Occurred()) || p.any_rest < 0 || !index || !states ||
+        !refused || !moves || !accepting || !zero || PyDict_SetItem(index, start, zero) < 0 ||
+        PyList_Append(states, start) < 0)
         goto done;
     while (PyList_GET_SIZE(moves) < PyList_GET_SIZE(states)) {
         PyObject *state = PyList_GET_ITEM(states, PyList_GET_SIZE(moves));
@@ -685,7 +699,7 @@ static PyObject *py_explore(PyObject *self, PyObject *const *args, Py_ssize_t na
         if (bad)
             goto done;
         Py_INCREF(state); /* states may grow (and move) while its row is made */
-        PyObject *row = explore_row(&t, &m, state, row_args, index, states, refused);
+        PyObject *row = explore_row(&t, &m, &p, state);
         Py_DECREF(state);
         if (row == NULL || PyList_Append(moves, row) < 0) {
             Py_XDECREF(row);

@@ -141,3 +141,15 @@ def test_benchmark_patterns_are_the_python_codes(native, monkeypatch):
             continue  # a pattern Python's re refuses: compiles refuse it too
         both_ways(monkeypatch, [ir], lambda got: got[0])
         both_ways(monkeypatch, [ir, date_time], lambda got: got[0] and not got[1])
+
+
+@pytest.mark.parametrize("node", [("d",), ("a",), ("r", 0), ("s", 0)])
+def test_a_malformed_term_is_a_type_error(native, node):
+    """A term tuple shorter than its kind needs is named, not a crash or a SystemError."""
+    terms = Terms()
+    terms._nodes.append(node)
+    bad = len(terms._nodes) - 1
+    with pytest.raises(TypeError, match="lacks a field"):
+        terms.nullable(bad)
+    with pytest.raises(TypeError, match="lacks a field"):
+        terms.deriv(bad, ord("a"))
