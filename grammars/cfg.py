@@ -377,7 +377,8 @@ class GrammarAutomaton:
         self.ignore = frozenset(bnf.ignore)
         self._lex_start: dict[frozenset, int] = {}
         self._expand: dict[tuple[int, int], tuple] = {}
-        self._groups: dict[int, tuple[tuple[int, ...], np.ndarray, bool]] = {}  # by lexer state
+        # by lexer state; the C rows keep their own inverse, a uint8[256] as bytes (`dfa_rows.c`)
+        self._groups: dict[int, tuple[tuple[int, ...], np.ndarray | bytes, bool]] = {}
         self.states = StateRows(self.budget, "parser positions")
         self.sets = self.states.sets
         self._ints: list[int] = []  # the C rows' int object of each state number, shared

@@ -39,7 +39,7 @@ static PyObject *s_items, *s_item, *s_ranges, *s_facts, *s_tail, *s_parts, *s_ch
     *s_lo, *s_table, *s_start, *s_accepting, *s_moves, *s_shortest, *s_longest, *s_row,
     *s_row_pointers, *s_limits, *s_max_states, *s_max_state_size, *s_pointers, *s_states, *s_nfa,
     *s_block, *s_next, *s_new_block, *s_check_time, *s_end, *s_cap, *s_groups, *s_lexer,
-    *s_successors, *s_tags_kept, *s_tags, *s_reads_any_text, *s_any_text;
+    *s_successors, *s_tags_kept, *s_reads_any_text, *s_any_text;
 
 typedef struct {
     long lo, hi, t;
@@ -1796,22 +1796,82 @@ static PyObject *inside_successors(PyObject *ints, PyObject *node, long v) {
     return out;
 }
 
+#define DEAD_GROUP 255 /* a uint8 inverse's byte for the dead target (`c_lex_groups`) */
+
+/* Byte `b`'s index among the `num_live` live targets of a uint8 inverse, -1 for the dead one:
+ * with all 256 bytes live and apart no byte is dead, and DEAD_GROUP is the last index. */
+static int32_t group_of(const uint8_t *inverse, int b, Py_ssize_t num_live) {
+    return inverse[b] == DEAD_GROUP && num_live < 256 ? -1 : inverse[b];
+}
+
 typedef struct Loaded Loaded;
 static int dfa_row(PyObject *dfa, long state, PyObject **pointers_out, Loaded *keep);
+
+/* What `dfa_row` reads of an automaton before a row: its table (`_parts`), and the NFA's parts
+ * for a regex DFA (`nfa` NULL for a grammar automaton's parser states); for a grammar
+ * automaton also its lexer groups (`_groups`), its lexer and what the lexer's rows load (made
+ * on first use): a walk's rows load each once, not once per row. */
+struct Loaded {
+    PyObject *dfa, *nfa; /* new references; `dfa` NULL: nothing loaded */
+    Table d;             /* borrowed from `dfa`'s parts */
+    Ctx c;               /* its `parts` held */
+    PyObject *groups, *lexer; /* new references; NULL for a regex DFA */
+    Loaded *lexer_rows;       /* NULL until the lexer makes a row */
+};
+
+static void loaded_clear(Loaded *l) {
+    ctx_release(&l->c);
+    Py_XDECREF(l->nfa);
+    Py_XDECREF(l->dfa);
+    Py_XDECREF(l->groups);
+    Py_XDECREF(l->lexer);
+    if (l->lexer_rows != NULL) {
+        loaded_clear(l->lexer_rows);
+        free(l->lexer_rows);
+    }
+    memset(l, 0, sizeof(*l));
+}
+
+/* `l` loaded from `dfa` (what it held let go): 0, or -1 with the error set and `l` empty */
+static int loaded_set(Loaded *l, PyObject *dfa) {
+    loaded_clear(l);
+    int ok = table_load(&l->d, dfa);
+    if (ok == 0 && l->d.by_targets != NULL) {
+        ok = (l->nfa = PyObject_GetAttr(dfa, s_nfa)) == NULL ? -1 : ctx_load(&l->c, l->nfa);
+    } else if (ok == 0) {
+        ok = (l->groups = PyObject_GetAttr(dfa, s_groups)) == NULL ||
+             (l->lexer = PyObject_GetAttr(dfa, s_lexer)) == NULL ? -1 : 0;
+        if (ok == 0 && !PyDict_Check(l->groups)) {
+            PyErr_SetString(PyExc_TypeError, "dfa_rows: _groups is not a dict");
+            ok = -1;
+        }
+    }
+    if (ok < 0) {
+        loaded_clear(l);
+        return -1;
+    }
+    l->dfa = Py_NewRef(dfa);
+    return 0;
+}
 
 /* `GrammarAutomaton._lex_groups(lex)`'s entry, made in C: the lexer's row (`dfa_row` when not
  * made yet), its byte groups (`row_groups`) and whether none of its live targets ends a
  * terminal, each target's tags read until one does and kept in the lexer's `_tags` as
  * `LazyDFA.tags` keeps them; the bytes charged to `c` as the Python methods charge them. A new
- * (live, inverse, inside) tuple, the inverse as the bytes of an int32[256]; NULL on error. */
-static PyObject *c_lex_groups(Ctx *c, PyObject *lexer, long lex) {
-    Table d;
-    PyObject *pointers = NULL, *kept = NULL, *nfa = NULL, *tags = NULL, *live = NULL;
+ * (live, inverse, inside) tuple, NULL on error. The inverse is the bytes of a uint8[256]
+ * (`group_of` reads it), not the Python method's int32[256]: Python's small-object allocator
+ * makes it, where 1 KB goes to malloc and new pages. Charged as the Python method charges it. */
+static PyObject *c_lex_groups(Ctx *c, Loaded *l, long lex) {
+    PyObject *lexer = l->lexer, *pointers = NULL, *kept = NULL, *live = NULL;
     PyObject *inverse = NULL, *out = NULL;
     Py_buffer at = {0};
-    if (table_load(&d, lexer) < 0) return NULL;
+    if (l->lexer_rows == NULL && (l->lexer_rows = calloc(1, sizeof(Loaded))) == NULL) return PyErr_NoMemory();
+    Loaded *lx = l->lexer_rows;
+    if (lx->dfa != lexer && loaded_set(lx, lexer) < 0) return NULL;
+    Table d = lx->d;
+    PyObject *tags = lx->c.tags; /* the lexer NFA's (borrowed) */
     PyObject *made = PyList_GetItem(d.rows, lex); /* borrowed */
-    if (made == NULL || (made == Py_None && dfa_row(lexer, lex, NULL, NULL) < 0) ||
+    if (made == NULL || (made == Py_None && dfa_row(lexer, lex, NULL, lx) < 0) ||
         (pointers = PyObject_GetAttr(d.states, s_pointers)) == NULL ||
         PyObject_GetBuffer(pointers, &at, PyBUF_C_CONTIGUOUS) < 0)
         goto done;
@@ -1823,9 +1883,7 @@ static PyObject *c_lex_groups(Ctx *c, PyObject *lexer, long lex) {
     int32_t inv[256];
     long sorted[256];
     int n = row_groups(row, inv, sorted), inside = 1;
-    if ((kept = PyObject_GetAttr(lexer, s_tags_kept)) == NULL || !PyDict_Check(kept) ||
-        (nfa = PyObject_GetAttr(lexer, s_nfa)) == NULL || (tags = PyObject_GetAttr(nfa, s_tags)) == NULL ||
-        !PyDict_Check(tags)) {
+    if ((kept = PyObject_GetAttr(lexer, s_tags_kept)) == NULL || !PyDict_Check(kept)) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "dfa_rows: a lexer's tags are not dicts");
         goto done;
     }
@@ -1853,8 +1911,10 @@ static PyObject *c_lex_groups(Ctx *c, PyObject *lexer, long lex) {
         if (got == NULL) goto done;
         inside = PyTuple_GET_SIZE(got) == 0;
     }
+    uint8_t small[256];
+    for (int b = 0; b < 256; b++) small[b] = inv[b] < 0 ? DEAD_GROUP : (uint8_t)inv[b];
     if ((live = tuple_of(d.ints, sorted, n)) == NULL ||
-        (inverse = PyBytes_FromStringAndSize((const char *)inv, sizeof(inv))) == NULL)
+        (inverse = PyBytes_FromStringAndSize((const char *)small, sizeof(small))) == NULL)
         goto done;
     untrack_atoms(live);
     out = PyTuple_Pack(3, live, inverse, inside ? Py_True : Py_False);
@@ -1866,8 +1926,6 @@ done:
     if (at.obj != NULL) PyBuffer_Release(&at);
     Py_XDECREF(pointers);
     Py_XDECREF(kept);
-    Py_XDECREF(nfa);
-    Py_XDECREF(tags);
     Py_XDECREF(live);
     Py_XDECREF(inverse);
     return out;
@@ -1878,8 +1936,11 @@ done:
  * missing) and each live target's successors (the same Earley set
  * reading on where no target ends a terminal, else the Python method `_successors`), then one
  * state per distinct column of codes (`c_columns_row`). 0, or -1 on error. */
-static int c_parser_fill(Ctx *c, Table *d, PyObject *automaton, long state, int32_t *row) {
-    PyObject *elems = PyList_GetItem(d->sets, state), *groups = NULL, *lexer = NULL, *succ = NULL;
+static int c_parser_fill(Loaded *l, long state, int32_t *row) {
+    Ctx *c = &l->c;
+    Table *d = &l->d;
+    PyObject *automaton = l->dfa, *groups = l->groups, *succ = NULL;
+    PyObject *elems = PyList_GetItem(d->sets, state);
     Py_buffer *bufs = NULL;
     int32_t *cols = NULL;
     Py_ssize_t n = 0, have = 0;
@@ -1889,14 +1950,9 @@ static int c_parser_fill(Ctx *c, Table *d, PyObject *automaton, long state, int3
         return -1;
     }
     Py_ssize_t size = PyTuple_GET_SIZE(elems);
-    if ((groups = PyObject_GetAttr(automaton, s_groups)) == NULL || !PyDict_Check(groups) ||
-        (lexer = PyObject_GetAttr(automaton, s_lexer)) == NULL || (succ = PyList_New(0)) == NULL ||
-        (bufs = calloc(size ? size : 1, sizeof(Py_buffer))) == NULL ||
+    if ((succ = PyList_New(0)) == NULL || (bufs = calloc(size ? size : 1, sizeof(Py_buffer))) == NULL ||
         (cols = malloc(256 * (size ? size : 1) * sizeof(int32_t))) == NULL) {
-        if (!PyErr_Occurred()) {
-            if (groups != NULL && !PyDict_Check(groups)) PyErr_SetString(PyExc_TypeError, "dfa_rows: _groups is not a dict");
-            else PyErr_NoMemory();
-        }
+        if (!PyErr_Occurred()) PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t k = 0; k < size; k++) {
@@ -1912,7 +1968,7 @@ static int c_parser_fill(Ctx *c, Table *d, PyObject *automaton, long state, int3
         /* held while the parser is called back (`_successors`), whatever it does to `_groups` */
         PyObject *made = Py_XNewRef(PyDict_GetItemWithError(groups, lex)), *g = made;
         if (g == NULL) {
-            if (PyErr_Occurred() || (made = c_lex_groups(c, lexer, lex_n)) == NULL ||
+            if (PyErr_Occurred() || (made = c_lex_groups(c, l, lex_n)) == NULL ||
                 PyDict_SetItem(groups, lex, made) < 0) {
                 Py_XDECREF(made);
                 goto done;
@@ -1930,11 +1986,11 @@ static int c_parser_fill(Ctx *c, Table *d, PyObject *automaton, long state, int3
         }
         have = n + 1;
         long offset = PyList_GET_SIZE(succ);
-        const int32_t *inv = bufs[n].buf;
-        int bad = bufs[n].len != 256 * (Py_ssize_t)sizeof(int32_t);
+        int bad = bufs[n].len != 256;
         for (int b = 0; !bad && b < 256; b++) {
-            bad = inv[b] >= PyTuple_GET_SIZE(live);
-            cols[b * size + n] = inv[b] < 0 ? -1 : (int32_t)(inv[b] + offset);
+            const int32_t g = group_of(bufs[n].buf, b, PyTuple_GET_SIZE(live));
+            bad = g >= PyTuple_GET_SIZE(live);
+            cols[b * size + n] = g < 0 ? -1 : (int32_t)(g + offset);
         }
         for (Py_ssize_t i = 0; !bad && i < PyTuple_GET_SIZE(live); i++) {
             long v = PyLong_AsLong(PyTuple_GET_ITEM(live, i));
@@ -1962,7 +2018,7 @@ static int c_parser_fill(Ctx *c, Table *d, PyObject *automaton, long state, int3
     } else {
         if (n < size) /* the columns are `size` wide: narrow them to the `n` elements read */
             for (int b = 0; b < 256; b++) memmove(cols + b * n, cols + b * size, n * sizeof(int32_t));
-        PyObject *lex_states = PyObject_GetAttr(lexer, s_states);
+        PyObject *lex_states = PyObject_GetAttr(l->lexer, s_states);
         PyObject *array = lex_states == NULL ? NULL : PyObject_GetAttr(lex_states, s_any_text);
         Py_buffer flags = {0};
         if (array != NULL && PyObject_GetBuffer(array, &flags, PyBUF_C_CONTIGUOUS) == 0) {
@@ -1977,8 +2033,6 @@ done:
     free(bufs);
     free(cols);
     Py_XDECREF(succ);
-    Py_XDECREF(lexer);
-    Py_XDECREF(groups);
     return ok;
 }
 
@@ -1989,15 +2043,15 @@ static PyObject *cfg_row(PyObject *self, PyObject *args) {
     long state;
     Py_buffer row;
     if (!PyArg_ParseTuple(args, "Olw*", &automaton, &state, &row)) return NULL;
-    Table d;
-    Ctx c;
-    memset(&c, 0, sizeof(c));
+    Loaded l = {0};
     if (row.len != 256 * (Py_ssize_t)sizeof(int32_t)) {
         PyErr_SetString(PyExc_ValueError, "cfg_row: the row must be an int32[256] buffer");
-    } else if (table_load(&d, automaton) == 0) {
-        if (c_parser_fill(&c, &d, automaton, state, row.buf) == 0) out = Py_NewRef(Py_None);
-        out = ctx_done(&c, d.budget, out);
+    } else if (loaded_set(&l, automaton) == 0) {
+        if (l.d.by_targets != NULL) PyErr_SetString(PyExc_TypeError, "cfg_row: not a grammar automaton");
+        else if (c_parser_fill(&l, state, row.buf) == 0) out = Py_NewRef(Py_None);
+        out = ctx_settle(&l.c, l.d.budget, out);
     }
+    loaded_clear(&l);
     PyBuffer_Release(&row);
     return out;
 }
@@ -2056,35 +2110,6 @@ static int check_time(PyObject *budget) {
     return r == NULL ? -1 : 0;
 }
 
-/* What `dfa_row` reads of an automaton before a row: its table (`_parts`), and the NFA's parts
- * for a regex DFA (`nfa` NULL for a grammar automaton's parser states). */
-struct Loaded {
-    PyObject *dfa, *nfa; /* new references; `dfa` NULL: nothing loaded */
-    Table d;             /* borrowed from `dfa`'s parts */
-    Ctx c;               /* its `parts` held */
-};
-
-static void loaded_clear(Loaded *l) {
-    ctx_release(&l->c);
-    Py_XDECREF(l->nfa);
-    Py_XDECREF(l->dfa);
-    memset(l, 0, sizeof(*l));
-}
-
-/* `l` loaded from `dfa` (what it held let go): 0, or -1 with the error set and `l` empty */
-static int loaded_set(Loaded *l, PyObject *dfa) {
-    loaded_clear(l);
-    int ok = table_load(&l->d, dfa);
-    if (ok == 0 && l->d.by_targets != NULL)
-        ok = (l->nfa = PyObject_GetAttr(dfa, s_nfa)) == NULL ? -1 : ctx_load(&l->c, l->nfa);
-    if (ok < 0) {
-        loaded_clear(l);
-        return -1;
-    }
-    l->dfa = Py_NewRef(dfa);
-    return 0;
-}
-
 /* `StateRows.row` of `state` with `LazyDFA._compute_row` (`fill_row`) of `dfa`, or with a
  * grammar automaton's `_compute_row` (`c_parser_fill`) where `dfa` is one, the steps of both
  * without their Python frames, for the trie walk: the clock checked,
@@ -2129,7 +2154,7 @@ static int dfa_row(PyObject *dfa, long state, PyObject **pointers_out, Loaded *k
     Py_CLEAR(r);
     int32_t *row = (int32_t *)rows.buf + 256 * next;
     memset(row, 0xff, 256 * sizeof(int32_t)); /* -1s: blocks are left as allocated */
-    int made = parser ? c_parser_fill(c, &d, dfa, state, row) : c_fill_row(c, &d, set, row);
+    int made = parser ? c_parser_fill(l, state, row) : c_fill_row(c, &d, set, row);
     PyObject *filled = made == 0 ? Py_NewRef(Py_None) : NULL;
     if (filled != NULL) c->table_bytes += row_bytes;
     if ((filled = ctx_settle(c, d.budget, filled)) == NULL) goto done;
@@ -2281,7 +2306,7 @@ PyMODINIT_FUNC PyInit_dfa_rows(void) {
                            "lo", "table", "start", "accepting", "moves", "shortest", "longest",
                            "row", "row_pointers", "limits", "max_states", "max_state_size",
                            "pointers", "states", "nfa", "_block", "_next", "_new_block",
-                           "check_time", "_end", "_cap", "_groups", "lexer", "_successors", "_tags", "tags",
+                           "check_time", "_end", "_cap", "_groups", "lexer", "_successors", "_tags",
                            "reads_any_text", "any_text"};
     PyObject **slots[] = {&s_items, &s_item, &s_ranges, &s_facts, &s_tail, &s_parts,
                           &s_charge, &s_nbytes, &s_new_state, &s_add, &s_check, &s_dead, &s_intern, &s_counted,
@@ -2289,7 +2314,7 @@ PyMODINIT_FUNC PyInit_dfa_rows(void) {
                           &s_accepting, &s_moves, &s_shortest, &s_longest, &s_row,
                           &s_row_pointers, &s_limits, &s_max_states, &s_max_state_size,
                           &s_pointers, &s_states, &s_nfa, &s_block, &s_next, &s_new_block,
-                          &s_check_time, &s_end, &s_cap, &s_groups, &s_lexer, &s_successors, &s_tags_kept, &s_tags,
+                          &s_check_time, &s_end, &s_cap, &s_groups, &s_lexer, &s_successors, &s_tags_kept,
                           &s_reads_any_text, &s_any_text};
     for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++)
         if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;

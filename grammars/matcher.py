@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import ctypes
 import functools
 from collections.abc import Callable
 from typing import TypeVar
@@ -48,9 +49,13 @@ class CompiledGrammar:
         self.budget.bind(limits or GrammarLimits())
         self._walk = WalkTable(automaton)
         self.empty_mask = np.zeros(index.num_words, dtype=np.int32)  # no token allowed
+        self._empty_entry = (self.empty_mask, self.empty_mask.ctypes.data)
         # Least recently used first. A plain dict (ordered as written) of ints to arrays stays
         # out of the cyclic collector's sight; an OrderedDict is walked by every collection.
         self._masks: dict[int, np.ndarray] = {}
+        # each cached mask's address (`fill_mask` copies from it: asking numpy for it costs as
+        # much as the copy)
+        self._addresses: dict[int, int] = {}
         self._mask_cache_bytes = mask_cache_mb * 2**20
         self._forced: dict[int, bytes] = {}
         self._cached_bytes = 0  # of masks and forced text
@@ -62,7 +67,13 @@ class CompiledGrammar:
 
     def containers(self) -> list:
         """The lists and dicts this grammar and its automaton alone hold (see `reaper`)."""
-        return [self._masks, self._forced, *self._walk.containers(), *self.automaton.containers()]
+        return [
+            self._masks,
+            self._addresses,
+            self._forced,
+            *self._walk.containers(),
+            *self.automaton.containers(),
+        ]
 
     def matcher(self) -> GrammarMatcher:
         """A fresh matcher at the start of the grammar."""
@@ -78,19 +89,25 @@ class CompiledGrammar:
 
     def mask(self, state: int) -> np.ndarray:
         """Packed int32 mask of the tokens allowed in `state`."""
+        return self.mask_entry(state)[0]
+
+    def mask_entry(self, state: int) -> tuple[np.ndarray, int]:
+        """`mask(state)` and the address of its words."""
         with self.automaton.lock:
             got = self._masks.pop(state, None)
             if got is not None:
                 self._masks[state] = got
-                return got
+                return got, self._addresses[state]
             with self.budget:
                 got = compute_mask(self.index, self._walk, state)
             self._masks[state] = got
-            self._cached_bytes += got.nbytes + DICT_ENTRY_BYTES
+            address = self._addresses[state] = got.ctypes.data
+            self._cached_bytes += got.nbytes + 2 * DICT_ENTRY_BYTES
             while self._cached_bytes > self._mask_cache_bytes and len(self._masks) > 1:
-                oldest = self._masks.pop(next(iter(self._masks)))
-                self._cached_bytes -= oldest.nbytes + DICT_ENTRY_BYTES
-            return got
+                oldest = next(iter(self._masks))
+                self._cached_bytes -= self._masks.pop(oldest).nbytes + 2 * DICT_ENTRY_BYTES
+                del self._addresses[oldest]
+            return got, address
 
     def step(self, state: int, token_id: int) -> int:
         """State after `token_id`'s bytes, or -1 when the token is not allowed."""
@@ -159,27 +176,37 @@ class GrammarMatcher:
     def vocab_size(self) -> int:
         return self.grammar.index.vocab_size
 
-    @_failing_for_good
     def next_token_mask(self) -> np.ndarray:
         """The allowed next tokens as a packed int32[ceil(vocab/32)] row.
 
         The array is shared with the grammar's mask cache: copy it before changing it.
         """
+        return self._mask_entry()[0]
+
+    @_failing_for_good
+    def _mask_entry(self) -> tuple[np.ndarray, int]:
         state = self._states[-1]
         if state == _TERMINATED:
-            return self.grammar.empty_mask
-        return self.grammar.mask(state)
+            return self.grammar._empty_entry
+        return self.grammar.mask_entry(state)
 
     def fill_mask(self, bitmask_row: torch.Tensor) -> None:
         """Write the allowed next tokens into an int32 row of ceil(vocab/32) words."""
         words = self.grammar.index.num_words
-        if bitmask_row.dtype != torch.int32 or bitmask_row.shape[-1] != words:
+        shape = bitmask_row.shape
+        if bitmask_row.dtype != torch.int32 or shape[-1] != words:
             raise ValueError(
                 f"bitmask row must be int32 with {words} words, got {bitmask_row.dtype} "
-                f"{tuple(bitmask_row.shape)}"
+                f"{tuple(shape)}"
             )
         with filling:
-            bitmask_row.copy_(torch.from_numpy(self.next_token_mask()))
+            mask, address = self._mask_entry()
+            # A host row is written by one memmove: torch's copy costs ten times as much where
+            # the caches are cold, as they are after a compile or a forward pass.
+            if len(shape) == 1 and bitmask_row.is_cpu and bitmask_row.is_contiguous():
+                ctypes.memmove(bitmask_row.data_ptr(), address, mask.nbytes)
+            else:
+                bitmask_row.copy_(torch.from_numpy(mask))
 
     @_failing_for_good
     def accept(self, token_id: int) -> bool:

@@ -174,13 +174,13 @@ def test_mask_fills_in_progress_are_counted_for_the_reaper(tok, monkeypatch):
         pytest.skip("fills are counted by the native rows, not built here")
     matcher = GrammarCompiler(tok).compile_json_schema(SCHEMA).matcher()
     seen = []
-    made = type(matcher).next_token_mask
+    made = type(matcher)._mask_entry
 
-    def next_token_mask(self):
+    def mask_entry(self):
         seen.append(reaper_module.walks_running())
         return made(self)
 
-    monkeypatch.setattr(type(matcher), "next_token_mask", next_token_mask)
+    monkeypatch.setattr(type(matcher), "_mask_entry", mask_entry)
     bitmask = allocate_token_bitmask(1, matcher.grammar.index.vocab_size)
     matcher.fill_mask(bitmask[0])
     assert seen == [1] and reaper_module.walks_running() == 0
@@ -189,7 +189,7 @@ def test_mask_fills_in_progress_are_counted_for_the_reaper(tok, monkeypatch):
     def failing(self):
         raise RuntimeError("fill failed")
 
-    monkeypatch.setattr(type(matcher), "next_token_mask", failing)
+    monkeypatch.setattr(type(matcher), "_mask_entry", failing)
     with pytest.raises(RuntimeError, match="fill failed"):
         matcher.fill_mask(bitmask[0])
     assert reaper_module.walks_running() == 0

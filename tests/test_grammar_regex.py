@@ -136,11 +136,11 @@ def test_masks_match_brute_force_on_tiny_vocab(pattern):
 
 def test_the_mask_cache_keeps_the_most_recently_used_masks_within_its_bytes():
     """Past its bytes, a grammar's mask cache lets the least recently used mask go (a mask
-    read again counts as used); the cache is a dict of ints to arrays, which Python's cyclic
-    collector never walks."""
+    read again counts as used); the cache is a dict of ints to arrays and one of their
+    addresses, which Python's cyclic collector never walks."""
     compiler = GrammarCompiler(tiny_tokenizer())
     automaton = RegexAutomaton(parse_regex("a{0,8}b"))
-    one = compiler.index.num_words * 4 + DICT_ENTRY_BYTES
+    one = compiler.index.num_words * 4 + 2 * DICT_ENTRY_BYTES
     grammar = CompiledGrammar(
         compiler.index, automaton, "regex", "a{0,8}b", None, 2.5 * one / 2**20
     )
@@ -154,7 +154,8 @@ def test_the_mask_cache_keeps_the_most_recently_used_masks_within_its_bytes():
     again = grammar.mask(states[1])
     assert again is not first[states[1]] and np.array_equal(again, first[states[1]])
     assert grammar.mask(states[2]) is not third  # it went when states[1]'s came back
-    assert not is_tracked(grammar._masks)
+    assert not is_tracked(grammar._masks) and not is_tracked(grammar._addresses)
+    assert grammar._addresses.keys() == grammar._masks.keys()
 
 
 @pytest.mark.parametrize("pattern", [r"(hello|help|hex) world!?", r"[a-z0-9]+@[a-z]+\.com"])
@@ -325,6 +326,31 @@ def test_sentencepiece_vocabulary_bytes():
         assert allowed_ids(m, 40) == {t}
         assert m.accept(t)
     assert allowed_ids(m, 40) == {1}
+
+
+def test_every_kind_of_row_gets_the_same_words():
+    """A contiguous host row (written by memmove), a strided row and a one-row 2-D view (copied
+    by torch) all get the matcher's mask, and nothing past the row is written."""
+    gc = GrammarCompiler(tiny_tokenizer())
+    m = gc.compile_regex("ab|12").matcher()
+    words = gc.index.num_words
+    expected = torch.from_numpy(m.next_token_mask().copy())
+    assert expected.any()
+    padded = torch.full((words + 2,), -7, dtype=torch.int32)
+    m.fill_mask(padded[1 : words + 1])
+    assert torch.equal(padded[1 : words + 1], expected)
+    assert padded[0] == -7 and padded[-1] == -7
+    strided = torch.full((2 * words,), -7, dtype=torch.int32)
+    m.fill_mask(strided[::2])
+    assert torch.equal(strided[::2], expected) and (strided[1::2] == -7).all()
+    one_row = torch.full((1, words), -7, dtype=torch.int32)
+    m.fill_mask(one_row)
+    assert torch.equal(one_row[0], expected)
+    (a,) = tiny_tokenizer().encode("a", add_special_tokens=False)
+    done = gc.compile_regex("a").matcher()
+    assert done.accept(a) and done.accept(gc.index.eos_ids[0]) and done.is_terminated()
+    done.fill_mask(padded[1 : words + 1])  # nothing allowed after EOS
+    assert not padded[1 : words + 1].any() and padded[0] == -7 and padded[-1] == -7
 
 
 def test_bitmask_validation():
