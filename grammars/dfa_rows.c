@@ -2186,15 +2186,15 @@ done:
 
 /* The running walk's automaton (and what holds its rows when the walk makes them here, `dfa_row`), its
  * rows' addresses (held while the walk reads them) and the first error of a callback; per
- * thread, since walks run without the GIL. */
+ * thread: each thread's walk has its own. */
 static _Thread_local PyObject *walk_automaton, *walk_dfa, *walk_rows, *walk_error;
 static _Thread_local Loaded walk_loaded; /* what the walk's rows loaded of `walk_dfa` */
 static long walks_running; /* begun, not ended, on any thread (changed with the GIL held) */
 
 /* trie_walk.c's `fill`: computes `state`'s row (`dfa_row`, else `automaton.row(state)`) and
  * returns the rows' addresses as they are now (`automaton.row_pointers()`) with their number
- * in `*num_rows`, or 0 with the error kept for `end_walk`. Called without the GIL, as ctypes
- * calls the walk. */
+ * in `*num_rows`, or 0 with the error kept for `end_walk`. `native_walk` calls the walk with the
+ * GIL held (PyDLL); the callback takes it all the same, so that any caller's walk is right. */
 static int64_t walk_fill(int32_t state, int64_t *num_rows) {
     PyGILState_STATE gil = PyGILState_Ensure();
     int64_t out = 0;
@@ -2268,7 +2268,8 @@ static PyObject *end_walk(PyObject *self, PyObject *unused) {
 static PyObject *walks(PyObject *self, PyObject *unused) { return PyLong_FromLong(walks_running); }
 
 /* hold_fill() / release_fill(): a mask fill begins / ends, counted with the walks, so that the
- * reaper takes no slice in its Python parts either (a tensor copy lets go of the GIL). */
+ * reaper takes no slice in its Python parts either (the copy into the caller's row lets go of the
+ * GIL). */
 static PyObject *hold_fill(PyObject *self, PyObject *unused) {
     walks_running++;
     Py_RETURN_NONE;

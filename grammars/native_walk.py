@@ -47,7 +47,11 @@ _ARGTYPES = (_P, ctypes.c_int64, _P, ctypes.c_int32, _P, _P, _FILL, _P)
 
 
 def _load(lib: Path) -> Callable[..., int]:
-    fn = ctypes.CDLL(str(lib)).rf_trie_walk
+    # Called with the GIL held (PyDLL): a walk makes rows through Python objects, and a walk
+    # that let go of the GIL would take it back for each row, where another thread (the
+    # reaper, a compile) may hold it: first masks of a process that frees evicted grammars
+    # took a third longer so.
+    fn = ctypes.PyDLL(str(lib)).rf_trie_walk
     fn.argtypes = _ARGTYPES
     fn.restype = ctypes.c_int64
     return fn

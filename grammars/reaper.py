@@ -6,8 +6,9 @@ the GIL for milliseconds (13 ms for one walked Github_hard grammar here): inside
 whose insertion evicted it, and stalling every other thread meanwhile. The reaper's thread takes
 such a grammar apart instead: the lists and dicts it alone holds (`CompiledGrammar.containers`)
 are emptied `SLICE` items at a time, letting go of the GIL in between and pausing while a
-mask is filled (its trie walk runs without the GIL, but its row callbacks take it: each would
-wait for a slice; so would its Python parts), and the rest is freed once they are empty. It
+mask is filled (its trie walk holds the GIL, but its Python parts and its copy into the
+caller's row let go of it between them: each would wait for a slice), and the rest is freed
+once they are empty. It
 runs while the CPU is otherwise idle or busy without the GIL (waiting for the GPU, in torch
 ops, in the tokenizer); with no such time, the compile that the GIL's switch interval
 interrupts lends it a slice every few milliseconds. A grammar that something else still holds
@@ -41,8 +42,9 @@ def walks_running() -> int:
 
 class _Filling:
     """`with filling:` around a mask fill, so that the reaper takes no slice in it: a fill's
-    Python parts run with the GIL, and its tensor copy lets go of it, where the reaper would
-    otherwise free a slice that the fill then waits for."""
+    Python parts run with the GIL, and its copy into the caller's row (ctypes' memmove, torch's
+    copy) lets go of it, where the reaper would otherwise free a slice that the fill then waits
+    for."""
 
     def __enter__(self) -> None:
         native = dfa_rows()

@@ -288,9 +288,9 @@ def test_a_compiler_makes_the_walk_before_its_first_mask(native):
 
 
 def test_threads_walking_grammars_of_one_index_at_once(callback):
-    """The C walk runs without the GIL: threads filling masks of several grammars over one
-    tokenizer index at once (each grammar's rows built as they go) get the masks one thread
-    gets alone."""
+    """Threads filling masks of several grammars over one tokenizer index at once (each
+    grammar's rows built as they go; the walk's per-thread state in C) get the masks one
+    thread gets alone."""
     rng = np.random.default_rng(3)
     alphabet = b'ab{}":,0123456789 '
     tokens = {bytes([b]) for b in alphabet}
