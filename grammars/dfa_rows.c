@@ -1805,7 +1805,7 @@ static int32_t group_of(const uint8_t *inverse, int b, Py_ssize_t num_live) {
 }
 
 typedef struct Loaded Loaded;
-static int dfa_row(PyObject *dfa, long state, PyObject **pointers_out, Loaded *keep);
+static int dfa_row(PyObject *dfa, long state, PyObject **pointers_out, Loaded *l);
 
 /* What `dfa_row` reads of an automaton before a row: its table (`_parts`), and the NFA's parts
  * for a regex DFA (`nfa` NULL for a grammar automaton's parser states); for a grammar
@@ -2117,13 +2117,12 @@ static int check_time(PyObject *budget) {
  * `StateRows._new_block` when it is full; the row is taken before it is written, as there), the
  * row's bytes charged, (block, index) kept in `_rows` for `StateRows.row` to view, and its
  * address put in `pointers` (the array handed to `*pointers_out` when that is not NULL). What it
- * loads of `dfa` is kept in `keep` when given (a walk's rows of one automaton load it once).
- * 0, or -1 with the error set. */
-static int dfa_row(PyObject *dfa, long state, PyObject **pointers_out, Loaded *keep) {
+ * loads of `dfa` is kept in `l` (a walk's rows of one automaton load it once). 0, or -1 with
+ * the error set. */
+static int dfa_row(PyObject *dfa, long state, PyObject **pointers_out, Loaded *l) {
     PyObject *block = NULL, *r = NULL;
     Py_buffer rows = {0}, pointers = {0};
     int ok = -1;
-    Loaded local = {0}, *l = keep != NULL ? keep : &local;
     if (l->dfa != dfa && loaded_set(l, dfa) < 0) goto done;
     Table d = l->d;
     Ctx *c = &l->c;
@@ -2180,7 +2179,6 @@ done:
     if (pointers.obj != NULL) PyBuffer_Release(&pointers);
     Py_XDECREF(r);
     Py_XDECREF(block);
-    loaded_clear(&local);
     return ok;
 }
 
