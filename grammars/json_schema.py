@@ -80,6 +80,7 @@ import bisect
 import functools
 import itertools
 import math
+from collections.abc import Callable
 
 from .budget import GrammarLimits
 from .disjoint import check_disjoint
@@ -124,6 +125,10 @@ from .regex_parse import parse_regex
 from .regex_terms import NEVER
 
 _NONE: frozenset[str] = frozenset()  # no rules
+
+
+class Unproven(ValueError):
+    """`oneOf` branches not proven to share no value (the fallbacks may still separate them)."""
 
 
 class SchemaConverter(ContainerConverter):
@@ -496,23 +501,29 @@ class SchemaConverter(ContainerConverter):
             schemas.append(merged)
         if key == "oneOf":
             schemas = self._drop_shared_types(schemas, where)
-        branches = [self.convert(s, f"{where}/{key}/{i}") for i, s in enumerate(schemas)]
+        converted: dict[int, object] = {}
+
+        def branch(i: int):
+            """Branch i's IR, converted when first asked for: a `oneOf` whose check fails
+            converts only the branches the check read (a refusal in a fraction of the time)."""
+            if i not in converted:
+                converted[i] = self.convert(schemas[i], f"{where}/{key}/{i}")
+            return converted[i]
+
         if key == "oneOf":
             try:
-                self._check_exclusive(schemas, branches, where)
-            except CompileTimeout:
-                raise
-            except ValueError as unproven:
+                self._check_exclusive(schemas, branch, where)
+            except Unproven as unproven:
                 strings = self._exclusive_strings(schemas, where)
                 if strings is not None:
                     return strings
                 try:
-                    branches = self._excluding_others(schemas, where, unproven)
+                    return Alt(tuple(self._excluding_others(schemas, where, unproven)))
                 except CompileTimeout:
                     raise
                 except ValueError:
-                    branches = self._separated_by_required(schemas, where, unproven)
-        return Alt(tuple(branches))
+                    return Alt(tuple(self._separated_by_required(schemas, where, unproven)))
+        return Alt(tuple(branch(i) for i in range(len(schemas))))
 
     def _excluding_others(self, schemas: list, where: str, unproven: ValueError) -> list:
         """IR of `oneOf` branches the prover cannot keep apart, each with the `not` of every
@@ -622,20 +633,25 @@ class SchemaConverter(ContainerConverter):
             for i, s in enumerate(schemas)
         ]
 
-    def _check_exclusive(self, schemas: list, branches: list, where: str) -> None:
-        """Raise unless every pair of `oneOf` branches is proven to share no value."""
+    def _check_exclusive(self, schemas: list, branch: Callable[[int], object], where: str) -> None:
+        """Raise `Unproven` unless every pair of `oneOf` branches is proven to share no value
+        (`branch(i)`: branch i's IR, read only for the pairs the schemas alone do not keep
+        apart; its conversion's own errors pass through)."""
         prover = self._prover(where)
         for i in range(len(schemas)):
             for j in range(i + 1, len(schemas)):
                 self.deadline.check()
                 if prover.disjoint(schemas[i], schemas[j]):
                     continue
+                pair = [branch(i), branch(j)]  # a branch that does not convert fails the oneOf
                 try:
-                    check_disjoint([branches[i], branches[j]], where, self.deadline)
+                    check_disjoint(pair, where, self.deadline)
+                except CompileTimeout:
+                    raise
                 except ValueError as exc:
                     if "overlap" not in str(exc):
-                        raise
-                    raise ValueError(
+                        raise Unproven(str(exc)) from exc
+                    raise Unproven(
                         f"{where}: oneOf branches {i} and {j} may overlap (proven exclusive only "
                         "by JSON type, const/enum values or a required property); use anyOf if "
                         "either may match"

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 from transformers import AutoTokenizer
 
-from radixflow.grammars import GrammarCompiler
+from radixflow.grammars import GrammarCompiler, json_schema
 from radixflow.grammars.automaton import RegexAutomaton
 from radixflow.grammars.nfa import EmptyLanguage
 from radixflow.grammars.regex_algebra import combine, exclude_words, restrict_length
@@ -267,6 +267,35 @@ def test_one_of_branches_apart_only_by_required_names_are_kept_apart(smollm):
     assert accepted == [True, True, False, False, False, False, True, False, False]
     assert all(checker.is_valid(v) for v, ok in zip(values, accepted, strict=True) if ok)
     assert checker.is_valid(values[3]) and checker.is_valid(values[8])  # valid, not generated
+
+
+def test_a_refused_one_of_converts_only_the_branches_its_check_read(smollm, monkeypatch):
+    """Branches 0 and 1 overlap (arrays of integers and of strings share []): the refusal
+    names them without converting branch 2, however large; a branch that does not convert
+    still fails the oneOf with its own error, and a oneOf that compiles has every branch."""
+    _tok, gc = smollm
+    seen = []
+    convert = json_schema.SchemaConverter.convert
+
+    def counted(self, schema, where="#"):
+        seen.append(where)
+        return convert(self, schema, where)
+
+    monkeypatch.setattr(json_schema.SchemaConverter, "convert", counted)
+    big = {"type": "object", "properties": {f"k{i}": {"type": "integer"} for i in range(50)}}
+    arrays = [{"type": "array", "items": {"type": "integer"}},
+              {"type": "array", "items": {"type": "string"}}]  # fmt: skip
+    with pytest.raises(ValueError, match="oneOf branches 0 and 1 may overlap"):
+        gc.compile_json_schema({"oneOf": [*arrays, big]})
+    assert "#/oneOf/0" in seen and not any(w.startswith("#/oneOf/2") for w in seen)
+    with pytest.raises(ValueError, match="minLength"):
+        gc.compile_json_schema(
+            {"oneOf": [{"type": "string", "minLength": "3"}, {"type": "integer"}]}
+        )
+    seen.clear()
+    g = gc.compile_json_schema({"oneOf": [{"type": "integer"}, {"type": "string"}, big]})
+    assert {"#/oneOf/0", "#/oneOf/1", "#/oneOf/2"} <= set(seen)
+    assert accepts(_tok, g, {"k3": 1}) and accepts(_tok, g, "x") and not accepts(_tok, g, [])
 
 
 def test_unprovable_one_of_and_not_forms_raise(smollm):
