@@ -49,7 +49,7 @@ class CompiledGrammar:
         self.budget.bind(limits or GrammarLimits())
         self._walk = WalkTable(automaton)
         self.empty_mask = np.zeros(index.num_words, dtype=np.int32)  # no token allowed
-        self._empty_entry = (self.empty_mask, self.empty_mask.ctypes.data)
+        self.empty_entry = (self.empty_mask, self.empty_mask.ctypes.data)  # and its address
         # Least recently used first. A plain dict (ordered as written) of ints to arrays stays
         # out of the cyclic collector's sight; an OrderedDict is walked by every collection.
         self._masks: dict[int, np.ndarray] = {}
@@ -187,7 +187,7 @@ class GrammarMatcher:
     def _mask_entry(self) -> tuple[np.ndarray, int]:
         state = self._states[-1]
         if state == _TERMINATED:
-            return self.grammar._empty_entry
+            return self.grammar.empty_entry
         return self.grammar.mask_entry(state)
 
     def fill_mask(self, bitmask_row: torch.Tensor) -> None:
