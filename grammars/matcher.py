@@ -201,8 +201,8 @@ class GrammarMatcher:
             )
         with filling:
             mask, address = self._mask_entry()
-            # A host row is written by one memmove: torch's copy costs ten times as much where
-            # the caches are cold, as they are after a compile or a forward pass.
+            # A host row is written by one memmove: torch's copy costs three times as much
+            # where the caches are cold, as they are after a compile or a forward pass.
             if len(shape) == 1 and bitmask_row.is_cpu and bitmask_row.is_contiguous():
                 ctypes.memmove(bitmask_row.data_ptr(), address, mask.nbytes)
             else:

@@ -134,11 +134,8 @@ static long alt(Terms *t, const long *items, Py_ssize_t n) {
         if (node == NULL)
             goto done;
         if (is_kind(node, s_a)) {
-            if (PyTuple_GET_SIZE(node) < 2) {
-                lacks_field();
-                goto done;
-            }
-            PyObject *merged = PyNumber_InPlaceOr(flat, PyTuple_GET_ITEM(node, 1));
+            PyObject *set = item_of(node, 1);
+            PyObject *merged = set == NULL ? NULL : PyNumber_InPlaceOr(flat, set);
             if (merged == NULL)
                 goto done;
             Py_DECREF(merged); /* flat itself */
@@ -667,14 +664,19 @@ static PyObject *py_explore(PyObject *self, PyObject *const *args, Py_ssize_t na
     m.classes = PyTuple_GET_ITEM(more, 1);
     m.sweep = PyTuple_GET_ITEM(more, 2);
     m.check = PyTuple_GET_ITEM(more, 3);
-    Product p = {args[4], args[5], args[6], args[8], PyLong_AsLong(args[7]),
-                 PyObject_IsTrue(args[5]), PyDict_New(), PyList_New(0), PySet_New(NULL)};
+    Product p = {args[4], args[5], args[6], args[8], PyLong_AsLong(args[7]), 0, NULL, NULL, NULL};
+    /* one call at a time: none runs with an error another left */
+    p.any_rest = p.max_states == -1 && PyErr_Occurred() ? -1 : PyObject_IsTrue(args[5]);
+    if (p.any_rest >= 0) {
+        p.index = PyDict_New();
+        p.states = PyList_New(0);
+        p.refused = PySet_New(NULL);
+    }
     PyObject *index = p.index, *states = p.states, *refused = p.refused;
-    PyObject *moves = PyList_New(0), *accepting = PyList_New(0), *zero = PyLong_FromLong(0);
-    PyObject *out = NULL;
-    if ((p.max_states == -1 && PyErr_Occurred()) || p.any_rest < 0 || !index || !states ||
-        !refused || !moves || !accepting || !zero || PyDict_SetItem(index, start, zero) < 0 ||
-        PyList_Append(states, start) < 0)
+    PyObject *moves = NULL, *accepting = NULL, *zero = NULL, *out = NULL;
+    if (p.any_rest < 0 || !index || !states || !refused || !(moves = PyList_New(0)) ||
+        !(accepting = PyList_New(0)) || !(zero = PyLong_FromLong(0)) ||
+        PyDict_SetItem(index, start, zero) < 0 || PyList_Append(states, start) < 0)
         goto done;
     while (PyList_GET_SIZE(moves) < PyList_GET_SIZE(states)) {
         PyObject *state = PyList_GET_ITEM(states, PyList_GET_SIZE(moves));
