@@ -34,12 +34,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .budget import GrammarBudget
+from .native_rows import dfa_rows
 from .nfa import NFA, Deadline, EmptyLanguage, LazyDFA, byte_groups, nfa_nbytes
 from .regex_ir import Alt, Chars, Dfa, Ref, Repeat, Seq, fold
 from .states import DICT_ENTRY_BYTES, StateRows, untracked
 
 _ITEM_BYTES = sys.getsizeof((0, 0, 0)) + 8  # an item tuple and its slot
-_SET_BYTES = 4 * DICT_ENTRY_BYTES  # an EarleySet, its dicts and its interning key
+_SET_BYTES = 4 * DICT_ENTRY_BYTES  # a set's entries in the chart's lists, its dicts, its key
 _CHECK_EVERY = 4096  # agenda items between clock checks in a closure
 
 
@@ -222,26 +223,19 @@ def _derivable(rules: list[tuple[int, tuple]], base: Callable[[int], bool]) -> s
     return out
 
 
-class EarleySet:
-    """One Earley item set, immutable once built; its items' origins are sets' numbers."""
-
-    __slots__ = ("waiting", "expected", "accepting", "next")
-
-    def __init__(self):
-        self.waiting: dict[int, tuple[tuple[int, int, int], ...]] = {}
-        self.expected: frozenset[int] = frozenset()
-        self.accepting = False
-        self.next: dict[int, int] = {}  # terminal -> the set after it (its number), -1: none
-
-
 _THIS_SET = -1  # a seed item's origin: the set being built
 
 
 class EarleyParser:
     """Rules as ints: terminals 0..T-1, nonterminals T.. ; rule 0 is `S' -> start`.
 
-    The chart (every interned set) counts against `budget`: items per set, items in all
-    sets, their bytes, and the clock while a closure runs.
+    The chart holds each interned Earley set (by number, its items' origins numbers too) in
+    parallel lists: the items waiting for each symbol (`waiting`, symbol -> items advanced
+    past it), the terminals it expects (`expected`, sorted), whether it accepts, and the set
+    after each terminal scanned so far (`next`, -1: none). Dicts of ints and tuples of ints
+    in lists: no object per set, nothing a full collection of the cyclic collector walks
+    (a cache of walked grammars holds their charts). The chart counts against `budget`: items
+    per set, items in all sets, their bytes, and the clock while a closure runs.
     """
 
     def __init__(self, bnf: BNF, num_terminals: int, budget: GrammarBudget):
@@ -266,13 +260,19 @@ class EarleyParser:
         self.nullable = self._nullable()
         self.budget = budget
         self.chart_items = 0  # items kept by the interned sets
-        self.sets: list[EarleySet] = []  # by number
+        self.waiting: list[dict[int, tuple[tuple[int, int, int], ...]]] = []
+        self.expected: list[tuple[int, ...]] = []
+        self.accepting: list[bool] = []
+        self.next: list[dict[int, int]] = []
+        native = dfa_rows()
+        if native is not None:  # dicts and tuples of ints, untracked as they are made
+            native.untrack_lists(self.waiting, self.expected, self.accepting, self.next)
         self._interned: dict[tuple, int] = {}  # sorted seed items -> set number
         self.root = self._closure([(0, 0, _THIS_SET)])
 
     def containers(self) -> list:
-        """The chart's list and dict, which this parser alone holds (see `reaper`)."""
-        return [self.sets, self._interned]
+        """The chart's lists and dict, which this parser alone holds (see `reaper`)."""
+        return [self.waiting, self.expected, self.accepting, self.next, self._interned]
 
     def _productive(self, rules):
         good = _derivable(rules, lambda s: s < self.T)
@@ -289,8 +289,7 @@ class EarleyParser:
         got = self._interned.get(key)
         if got is not None:
             return got
-        node = EarleySet()
-        me = len(self.sets)  # this set's number once kept
+        me = len(self.waiting)  # this set's number once kept
         seen: set[tuple] = set()
         completed: set[tuple] = set()  # (lhs, origin) pairs already completed
         agenda = [(r, d, me if o == _THIS_SET else o) for r, d, o in key]
@@ -299,6 +298,7 @@ class EarleyParser:
         max_items = budget.limit("max_earley_items")
         waiting: dict[int, list[tuple[int, int, int]]] = {}
         expected = set()
+        accepting = False
         popped = 0
         while agenda:
             item = agenda.pop()
@@ -322,38 +322,40 @@ class EarleyParser:
                     if sym in nullable:
                         agenda.append((r, d + 1, origin))
             elif r == 0:
-                node.accepting = True
+                accepting = True
             elif origin != me and (rules[r][0], origin) not in completed:
                 # Every rule of lhs completed from `origin` advances the same items there.
                 lhs = rules[r][0]
                 completed.add((lhs, origin))
-                agenda.extend(self.sets[origin].waiting.get(lhs, ()))
-        node.waiting = {sym: tuple(items) for sym, items in waiting.items()}
-        node.expected = frozenset(expected)
-        return self._keep(key, node)
+                agenda.extend(self.waiting[origin].get(lhs, ()))
+        kept = {sym: untracked(tuple(items)) for sym, items in waiting.items()}
+        return self._keep(key, kept, untracked(tuple(sorted(expected))), accepting)
 
-    def _keep(self, key: tuple, node: EarleySet) -> int:
+    def _keep(self, key: tuple, waiting: dict, expected: tuple[int, ...], accepting: bool) -> int:
         """Intern a finished set, within the chart's budget; its number."""
-        items = sum(map(len, node.waiting.values()))
+        items = sum(map(len, waiting.values()))
         self.budget.check("max_chart_items", self.chart_items + items, "items in the Earley chart")
         self.budget.charge(items * _ITEM_BYTES + len(key) * _ITEM_BYTES + _SET_BYTES)
         self.chart_items += items
-        got = self._interned[untracked(key)] = len(self.sets)
-        self.sets.append(node)
+        got = self._interned[untracked(key)] = len(self.waiting)
+        self.waiting.append(waiting)
+        self.expected.append(expected)
+        self.accepting.append(accepting)
+        self.next.append({})
         return got
 
     def scan(self, at: int, terminal: int) -> int:
         """The number of the Earley set after `terminal` from set `at`; -1 when the parser
         cannot take it."""
-        node = self.sets[at]
-        got = node.next.get(terminal)
+        after = self.next[at]
+        got = after.get(terminal)
         if got is not None:
             return got
-        items = node.waiting.get(terminal)
+        items = self.waiting[at].get(terminal)
         nxt = self._closure(items) if items else -1
-        if nxt >= 0 and not self.sets[nxt].expected and not self.sets[nxt].accepting:
+        if nxt >= 0 and not self.expected[nxt] and not self.accepting[nxt]:
             nxt = -1
-        node.next[terminal] = nxt
+        after[terminal] = nxt
         return nxt
 
 
@@ -375,7 +377,7 @@ class GrammarAutomaton:
         self.lexer.untrack_ir(*bnf.terminals)
         self.parser = EarleyParser(bnf, len(bnf.terminals), self.budget)
         self.ignore = frozenset(bnf.ignore)
-        self._lex_start: dict[frozenset, int] = {}
+        self._lex_start: dict[tuple[int, ...], int] = {}  # by the terminals a set expects
         self._expand: dict[tuple[int, int], tuple] = {}
         # by lexer state; the C rows keep their own inverse, a uint8[256] as bytes (`dfa_rows.c`)
         self._groups: dict[int, tuple[tuple[int, ...], np.ndarray | bytes, bool]] = {}
@@ -393,15 +395,18 @@ class GrammarAutomaton:
 
     def lex_start(self, node: int) -> int:
         """The lexer state that starts a lexeme after Earley set `node` (its number)."""
-        key = self.parser.sets[node].expected | self.ignore
-        got = self._lex_start.get(key)
+        expected = self.parser.expected[node]
+        got = self._lex_start.get(expected)
         if got is None:
-            got = self._lex_start[key] = self.lexer.intern([self._starts[t] for t in key])
+            terminals = self.ignore.union(expected)
+            got = self._lex_start[expected] = self.lexer.intern(
+                [self._starts[t] for t in terminals]
+            )
         return got
 
     def _fresh(self, node: int) -> tuple:
         lex = self.lex_start(node)
-        if lex < 0 and not self.parser.sets[node].accepting:
+        if lex < 0 and not self.parser.accepting[node]:
             return ()
         return ((node, lex, True),)
 
@@ -424,7 +429,7 @@ class GrammarAutomaton:
             for t in self.lexer.tags(lex):
                 if t in self.ignore:
                     out.update(self._fresh(node))
-                if t in self.parser.sets[node].expected:
+                if t in self.parser.expected[node]:
                     nxt = self.parser.scan(node, t)
                     if nxt >= 0:
                         out.update(self._fresh(nxt))
@@ -505,5 +510,5 @@ class GrammarAutomaton:
                 *self.parser.containers(), *self.lexer.containers()]  # fmt: skip
 
     def is_accepting(self, state: int) -> bool:
-        sets = self.parser.sets
-        return any(fresh and sets[node].accepting for node, _lex, fresh in self.sets[state])
+        accepting = self.parser.accepting
+        return any(fresh and accepting[node] for node, _lex, fresh in self.sets[state])

@@ -298,12 +298,6 @@ static int untrack_graph(PyObject *node) {
                                                          : NULL;
         PyObject_GC_UnTrack(x);
         if (name == NULL) continue; /* a Ref; a Dfa: its table and spelling stay as they are */
-        if (t != chars_type) { /* Seq, Alt and Repeat write their fields into their dict */
-            PyObject *fields = PyObject_GenericGetDict(x, NULL);
-            if (fields == NULL) goto done;
-            if (PyObject_GC_IsTracked(fields)) PyObject_GC_UnTrack(fields);
-            Py_DECREF(fields);
-        }
         PyObject *kids = PyObject_GetAttr(x, name);
         if (kids == NULL) goto done;
         Py_DECREF(kids); /* the node holds it */
@@ -472,9 +466,9 @@ static PyObject *untracked(PyObject *self, PyObject *key) {
     return Py_NewRef(key);
 }
 
-/* untrack_lists(*lists): takes lists that hold only ints, tuples of ints, None and numpy rows
- * (and, for a subclass, attributes of such) out of the collector's sight (`untrack`); a
- * TypeError for anything but a list. */
+/* untrack_lists(*lists): takes lists that hold only ints, tuples of ints, None, numpy rows and
+ * dicts of ints and such tuples (an Earley chart's; and, for a subclass, attributes of such)
+ * out of the collector's sight (`untrack`); a TypeError for anything but a list. */
 static PyObject *untrack_lists(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); i++)
         if (!PyList_Check(PyTuple_GET_ITEM(args, i))) {

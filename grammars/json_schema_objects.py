@@ -186,7 +186,7 @@ class ContainerConverter:
                 memo[count] = out
             return out
 
-        def extras(first: bool, count: int):
+        def extras(first: int, count: int):
             """Extra pairs after `count` pairs (no separator before the first if `first`)."""
             if not first or extra is None or hi == count:
                 return extras_after(count)
@@ -197,32 +197,38 @@ class ContainerConverter:
         # so far (no separator before the next if `first`): the next pair of any chain, or
         # that pair skipped if optional. Built from the end (positions in decreasing order),
         # so every continuation exists before it is used and nothing recurses per property.
-        rest: dict[tuple[tuple[int, ...], int, bool], object] = {}
-        ends = tuple(len(chain) for chain in chains)
-        for at in itertools.product(*(range(end, -1, -1) for end in ends)):
+        # A flat list: positions are numbered in mixed radix (chain c's digit weighs
+        # `weights[c]`, the last chain's 1), so that `product` below counts them down, and
+        # rest[at, count, first] is at ((position * width) + count) * 2 + first.
+        ends = [len(chain) for chain in chains]
+        weights = [math.prod(end + 1 for end in ends[c + 1 :]) for c in range(len(ends))]
+        width = min(cap, sum(ends)) + 1  # counts past the number of pairs are never reached
+        positions = weights[0] * (ends[0] + 1) if ends else 1
+        rest: list = [None] * (positions * width * 2)
+        orders = itertools.product(*(range(end, -1, -1) for end in ends))
+        for position, at in zip(range(positions - 1, -1, -1), orders, strict=True):
             self.deadline.check()
             # per chain with a pair left: that pair, it after a separator, whether it is
-            # required, and the positions after it (none once every chain is done)
-            nexts = [(*chains[c][i], (*at[:c], i + 1, *at[c + 1 :]))
+            # required, and the position after it (none once every chain is done)
+            nexts = [(*chains[c][i], position + weights[c])
                      for c, i in enumerate(at) if i < ends[c]]  # fmt: skip
             for count in range(min(cap, sum(at)) + 1):
                 more, up = hi is None or count < hi, min(count + 1, cap)
-                for first in (True, False) if count == 0 else (False,):
+                for first in (1, 0) if count == 0 else (0,):
+                    here = (position * width + count) * 2 + first
                     if not nexts:
-                        rest[at, count, first] = extras(first, count)
+                        rest[here] = extras(first, count)
                         continue
                     options = []
                     for pair, sep_pair, req, after in nexts:
                         if more:
                             options.append(
-                                Seq((pair if first else sep_pair, rest[after, up, False]))
+                                Seq((pair if first else sep_pair, rest[(after * width + up) * 2]))
                             )
                         if not req:
-                            options.append(rest[after, count, first])
-                    rest[at, count, first] = (
-                        options[0] if len(options) == 1 else Alt(tuple(options))
-                    )
-        start = rest[(0,) * len(chains), 0, True]
+                            options.append(rest[(after * width + count) * 2 + first])
+                    rest[here] = options[0] if len(options) == 1 else Alt(tuple(options))
+        start = rest[1]  # position 0 of every chain, no pair written, the first one next
         return seq(literal("{"), self.ws, start, self.ws, literal("}"))
 
     def _extra_pair(
