@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,7 +37,7 @@ from .regex_ir import (
     normalize,
 )
 from .regex_parse import parse_search_regex
-from .regex_terms import NEVER, NEVER_TERM, Terms
+from .regex_terms import NEVER, NEVER_TERM, Terms, regex_derivs
 
 ANY_CHAR = ((0, MAX_CODEPOINT),)
 MAX_STATES = GrammarLimits().max_states  # the default of the grammar_max_states knob
@@ -118,12 +119,17 @@ def _as_table(ir) -> tuple[DfaTable, int] | None:
     return None
 
 
-def _trie(
-    words: Sequence[str], deadline: Deadline
-) -> tuple[list[list[tuple[int, int]]], list[bool]]:
+Trie = tuple[tuple[tuple[tuple[int, int], ...], ...], tuple[bool, ...]]
+
+
+def _trie(words: Sequence[str], deadline: Deadline) -> Trie:
     """The trie of `words`: per node (0 the root) its (code point, child)s in code point
     order, and whether a word ends there. Built from the words sorted, so that each node's
-    children come in order and each word starts from the nodes of the one before it."""
+    children come in order and each word starts from the nodes of the one before it (in C
+    where `regex_derivs` is built, in time linear in the words' length)."""
+    native = regex_derivs()
+    if native is not None:
+        return native.trie(sorted(words))
     kids: list[list[tuple[int, int]]] = [[]]
     ends = [False]
     path = [0]  # the nodes along the word before, from the root
@@ -147,7 +153,7 @@ def _trie(
             node = child
         ends[node] = True
         before = word
-    return kids, ends
+    return tuple(map(tuple, kids)), tuple(ends)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -156,14 +162,13 @@ def _all_but(words: tuple[str, ...]) -> DfaTable:
     node has a code point that leaves the trie, so each can reach acceptance). Each node's
     row is made when a walk first reads it; tables are shared by the requests that exclude
     the same names (an object's declared names, often the same across schemas)."""
-    kids, ends = _trie(words, Deadline(None))
-    past = len(kids)
+    moves, ends = _trie(words, Deadline(None))
+    past = len(moves)
     # Tuples of ints and floats: Python's cyclic collector stops tracking them, where each list
     # (or dict) would be scanned, item by item, by every full collection for as long as the
     # table is cached (hundreds of tables, thousands of trie nodes).
     shortest = (*map(int, ends), 0)
-    accepting = (*[not end for end in ends], True)
-    moves = tuple(map(tuple, kids))
+    accepting = (*map(operator.not_, ends), True)
     lengths = (shortest, (math.inf,) * (past + 1))
     return DfaTable(_AllButRows(moves, past), accepting, lengths, covers_text=True)
 
@@ -177,8 +182,9 @@ class _AllButRows(list):
     def __init__(self, kids: tuple[tuple[tuple[int, int], ...], ...], past: int):
         super().__init__([None] * past)
         self.append(((ANY_CHAR, past),))
-        self._kids = kids  # per trie node, its (code point, child)s in code point order
         native = dfa_rows()
+        # per trie node, its (code point, child)s in code point order (tuples of ints)
+        self._kids = kids if native is None else native.untracked(kids)
         if native is not None:
             native.untrack_lists(self)
 
@@ -199,8 +205,8 @@ class _AllButRows(list):
 def _without_trie(
     table: DfaTable,
     start: int,
-    kids: list[list[tuple[int, int]]],
-    ends: list[bool],
+    kids: tuple[tuple[tuple[int, int], ...], ...],
+    ends: tuple[bool, ...],
     deadline: Deadline,
 ) -> DfaTable | None:
     """`table`'s words from `start` other than the trie's (None when none is left): the

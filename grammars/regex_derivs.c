@@ -774,6 +774,85 @@ static PyObject *py_nullable(PyObject *self, PyObject *const *args, Py_ssize_t n
     return out < 0 ? NULL : PyBool_FromLong(out);
 }
 
+/* trie(words): `regex_algebra._trie` of `words` (a list of str, sorted): per node (0 the
+ * root) its (code point, child) pairs in code point order, as a tuple of tuples, and whether a
+ * word ends there, as a tuple of bools. Each word starts from the nodes of the word before
+ * (`path`); nodes are numbered as made, so each node's children come in the order made, which
+ * is code point order for sorted words. */
+static PyObject *py_trie(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "trie(words): words is a sorted list of str");
+        return NULL;
+    }
+    PyObject *words = args[0], *before = NULL, *moves = NULL, *ends = NULL, *out = NULL;
+    Py_ssize_t total = 1; /* nodes: the root and one per code point at most */
+    for (Py_ssize_t w = 0; w < PyList_GET_SIZE(words); w++) {
+        PyObject *word = PyList_GET_ITEM(words, w);
+        if (!PyUnicode_Check(word)) {
+            PyErr_SetString(PyExc_TypeError, "trie(words): a word is not a str");
+            return NULL;
+        }
+        total += PyUnicode_GET_LENGTH(word);
+    }
+    /* per node: its parent, the code point into it, whether a word ends there, its children's
+     * count and where the next one goes; per depth, the node along the current word */
+    Py_ssize_t *parent = PyMem_Malloc(total * sizeof(Py_ssize_t));
+    Py_ssize_t *count = PyMem_Calloc(total, sizeof(Py_ssize_t));
+    Py_ssize_t *path = PyMem_Malloc(total * sizeof(Py_ssize_t));
+    Py_UCS4 *cp = PyMem_Malloc(total * sizeof(Py_UCS4));
+    char *end = PyMem_Calloc(total, 1);
+    Py_ssize_t made = 1;
+    if (parent == NULL || count == NULL || path == NULL || cp == NULL || end == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    path[0] = 0;
+    for (Py_ssize_t w = 0; w < PyList_GET_SIZE(words); w++) {
+        PyObject *word = PyList_GET_ITEM(words, w);
+        Py_ssize_t n = PyUnicode_GET_LENGTH(word), common = 0;
+        if (before != NULL)
+            for (Py_ssize_t m = PyUnicode_GET_LENGTH(before);
+                 common < n && common < m &&
+                 PyUnicode_READ_CHAR(before, common) == PyUnicode_READ_CHAR(word, common);)
+                common++;
+        Py_ssize_t node = path[common];
+        for (Py_ssize_t i = common; i < n; i++) {
+            parent[made] = node;
+            cp[made] = PyUnicode_READ_CHAR(word, i);
+            count[node]++;
+            node = path[i + 1] = made++;
+        }
+        end[node] = 1;
+        before = word;
+    }
+    if ((moves = PyTuple_New(made)) == NULL || (ends = PyTuple_New(made)) == NULL) goto done;
+    for (Py_ssize_t x = 0; x < made; x++) {
+        PyObject *row = PyTuple_New(count[x]);
+        if (row == NULL) goto done;
+        PyTuple_SET_ITEM(moves, x, row);
+        PyTuple_SET_ITEM(ends, x, PyBool_FromLong(end[x]));
+        count[x] = 0; /* from here on: where the node's next child goes */
+    }
+    for (Py_ssize_t x = 1; x < made; x++) {
+        PyObject *c = PyLong_FromLong((long)cp[x]), *k = c == NULL ? NULL : PyLong_FromSsize_t(x);
+        PyObject *pair = k == NULL ? NULL : PyTuple_Pack(2, c, k);
+        Py_XDECREF(c);
+        Py_XDECREF(k);
+        if (pair == NULL) goto done;
+        PyTuple_SET_ITEM(PyTuple_GET_ITEM(moves, parent[x]), count[parent[x]]++, pair);
+    }
+    out = PyTuple_Pack(2, moves, ends);
+done:
+    PyMem_Free(parent);
+    PyMem_Free(count);
+    PyMem_Free(path);
+    PyMem_Free(cp);
+    PyMem_Free(end);
+    Py_XDECREF(moves);
+    Py_XDECREF(ends);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"deriv", (PyCFunction)(void (*)(void))py_deriv, METH_FASTCALL,
      "deriv(parts, term, cp): the term's derivative by code point cp."},
@@ -784,6 +863,8 @@ static PyMethodDef methods[] = {
     {"explore", (PyCFunction)(void (*)(void))py_explore, METH_FASTCALL,
      "explore(parts, more, start, accept, dead, rest, normalize, max_states, what): the "
      "product DFA's (moves, accepting) before trimming."},
+    {"trie", (PyCFunction)(void (*)(void))py_trie, METH_FASTCALL,
+     "trie(words): the trie of sorted words, (per node its (code point, child)s, ends)."},
     {NULL, NULL, 0, NULL},
 };
 

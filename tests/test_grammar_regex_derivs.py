@@ -4,6 +4,7 @@ regexes and on every `pattern` of the JSONSchemaBench subsets; limits and the cl
 they do there (its build once per machine: `test_grammar_native_build`)."""
 
 import json
+import random
 import re
 from pathlib import Path
 
@@ -51,6 +52,12 @@ def with_python(monkeypatch, make, *args):
     with monkeypatch.context() as m:
         m.setattr(regex_terms, "regex_derivs", lambda: None)
         return make(*args)
+
+
+def with_python_trie(monkeypatch, words):
+    with monkeypatch.context() as m:
+        m.setattr(regex_algebra, "regex_derivs", lambda: None)
+        return regex_algebra._trie(words, Deadline(None))
 
 
 def both_ways(monkeypatch, irs, accept, dead=None):
@@ -153,3 +160,33 @@ def test_a_malformed_term_is_a_type_error(native, node):
         terms.nullable(bad)
     with pytest.raises(TypeError, match="lacks a field"):
         terms.deriv(bad, ord("a"))
+
+
+def test_the_trie_of_names_is_the_python_codes(native, monkeypatch):
+    """The trie that `exclude_words` walks beside a DFA (an object's declared names), made in
+    C: the same nodes numbered alike, each node's children in code point order and the same
+    word ends, for names that share prefixes or are prefixes of others, repeats, the empty
+    name and code points past one byte and past the BMP; anything but a list of strings is a
+    TypeError."""
+    rng = random.Random(0)
+    cases = [
+        [],
+        [""],
+        ["a", "a", "ab"],
+        ["abc", "abd", "ab", "b", "ba"],
+        ["é", "€x", "😀", "\x00a"],
+    ]
+    for _ in range(300):
+        alphabet = rng.choice(["ab", "abc_", "aé€😀\x00", "".join(map(chr, range(97, 123)))])
+        size = rng.randint(0, 12)
+        cases.append(["".join(rng.choices(alphabet, k=rng.randint(0, 7))) for _ in range(size)])
+    for words in cases:
+        got = regex_algebra._trie(words, Deadline(None))
+        want = with_python_trie(monkeypatch, words)
+        assert got == want, words
+    kids, ends = regex_algebra._trie(["ab", "a", "ac"], Deadline(None))
+    assert kids == (((97, 1),), ((98, 2), (99, 3)), (), ()) and ends == (False, True, True, True)
+    with pytest.raises(TypeError, match="not a str"):
+        regex_terms.regex_derivs().trie(["a", 1])
+    with pytest.raises(TypeError, match="sorted list of str"):
+        regex_terms.regex_derivs().trie(("a",))
