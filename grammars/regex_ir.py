@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_CODEPOINT = 0x10FFFF
 Ranges = tuple[tuple[int, int], ...]
@@ -30,18 +30,19 @@ def set_facts(node, dead: bool, nullable: bool) -> None:
     object.__setattr__(node, "facts", _FACTS[2 * bool(dead) + bool(nullable)])
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, init=False, slots=True, weakref_slot=True)  # slotted: see Seq below
 class Chars:
     ranges: Ranges
-    facts = None
+    facts: tuple[bool, bool] | None = field(repr=False)
 
-    def __post_init__(self) -> None:
+    def __init__(self, ranges: Ranges) -> None:
+        self.ranges = ranges
         # dead when no code point in it has a UTF-8 encoding (surrogates, out of range)
-        live = any(
-            lo <= hi and ((lo <= 0xD7FF and hi >= 0) or (lo <= MAX_CODEPOINT and hi >= 0xE000))
-            for lo, hi in self.ranges
-        )
-        set_facts(self, not live, False)
+        for lo, hi in ranges:
+            if lo <= hi and ((lo <= 0xD7FF and hi >= 0) or (lo <= MAX_CODEPOINT and hi >= 0xE000)):
+                self.facts = _FACTS[0]  # live, not nullable
+                return
+        self.facts = _FACTS[2]  # dead
 
 
 def _bounded_repr(node, depth: int = 3) -> str:
