@@ -272,8 +272,8 @@ static void untrack_atoms(PyObject *t) {
     PyObject_GC_UnTrack(t);
 }
 
-/* Takes the regex IR graph from `node` (its nodes, their attribute dicts, item tuples and
- * ranges) out of the cyclic collector's sight, stopping at nodes already out of it (IR shared
+/* Takes the regex IR graph from `node` (its nodes, slotted, their item tuples and ranges)
+ * out of the cyclic collector's sight, stopping at nodes already out of it (IR shared
  * with an earlier grammar is walked once): 0, or -1 on error. IR is immutable and built from
  * its leaves up, so no reference cycle can run through it (a `Ref` names a rule, it does not
  * hold it); a cached grammar keeps its IR for the lazy NFA, the sub-schema memo keeps it for
