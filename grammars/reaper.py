@@ -10,11 +10,12 @@ mask is filled (its trie walk holds the GIL, but its Python parts and its copy i
 caller's row let go of it between them: each would wait for a slice), and the rest is freed
 once they are empty. It runs while the CPU is otherwise idle or busy without the GIL (waiting
 for the GPU, in torch ops, in the tokenizer); with no such time, the compile that the GIL's
-switch interval interrupts lends it a slice every few milliseconds. A grammar that something else still holds
-(a matcher) is only let go of, and freed when its last holder lets go. Past `MAX_WAITING`
-waiting grammars, the thread that drops more frees the oldest itself, so that memory stays
-bounded: where the CPU is busy with the GIL held throughout (a benchmark compiling and walking
-schemas back to back), most dropped grammars end there, in the compile that drops them.
+switch interval interrupts lends it a slice every few milliseconds. A grammar that something
+else still holds (a matcher) is only let go of, and freed when its last holder lets go. Past
+`MAX_WAITING` waiting grammars, the thread that drops more frees the oldest itself, so that
+memory stays bounded: where the CPU is busy with the GIL held throughout (a benchmark compiling
+and walking schemas back to back), most dropped grammars end there, in the compile that drops
+them.
 """
 
 from __future__ import annotations
