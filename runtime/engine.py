@@ -328,7 +328,7 @@ class Engine:
 
     def abort(self, rid: str) -> None:
         """Stop a request; it finishes with finish_reason type 'abort'."""
-        self._inbox.post(rid)
+        self._inbox.abort(rid)
 
     def _abort_all(self, reqs: list[Req]) -> None:
         for req in reqs:
@@ -345,10 +345,17 @@ class Engine:
         return compiling
 
     def _check_alive(self) -> None:
+        refusal = self._refusal()
+        if refusal is not None:
+            raise RuntimeError(refusal)
+
+    def _refusal(self) -> str | None:
+        """Why the engine takes no more requests, or None while it does."""
         if self.failure is not None:
-            raise RuntimeError(f"the engine failed: {self.failure}")
+            return f"the engine failed: {self.failure}"
         if self._stopped:
-            raise RuntimeError("the engine has been shut down")
+            return "the engine has been shut down"
+        return None
 
     def _fail(self, message: str) -> None:
         """The engine cannot run another step (any thread): its loop fails every request,
@@ -451,6 +458,7 @@ class Engine:
                     self._finish(
                         req, FinishReason.abort(f"engine error: {exc!r}", AbortCause.ENGINE)
                     )
+        self._inbox.seal(self._refusal() or "the engine has been shut down")
         self._drain_inbox()  # answer what arrived during shutdown: requests are aborted below
         reason = (
             FinishReason.abort("engine shut down", AbortCause.CANCELLED)

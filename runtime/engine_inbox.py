@@ -3,7 +3,9 @@
 Callers post messages to the engine's `Inbox` (a `Submission`, a `Flush`, an `Unpin`, or a
 rid string to abort) and wake the engine thread, which drains them between steps; it answers
 each request through its `Sink`, one result dict per put, the last one carrying a
-finish_reason.
+finish_reason. When its loop ends (shut down, or failed) the engine thread seals the inbox
+before its last drain, so a caller that got past the engine's liveness check just then is
+refused instead of waiting for an answer that would never come.
 """
 
 from __future__ import annotations
@@ -110,35 +112,54 @@ class Inbox:
         self._live: set[str] = set()
         self._lock = threading.Lock()
         self._sinks: dict[str, Sink] = {}
+        self._sealed: str | None = None  # why nothing more is taken, once the loop has ended
 
     # -- caller threads ---------------------------------------------------------------------
     def submit(self, reqs: list[Req], loop: asyncio.AbstractEventLoop | None) -> list[Sink]:
-        """Post requests, with a new sink each; a rid still in use refuses them all."""
+        """Post requests, with a new sink each; a rid still in use refuses them all
+        (ValueError), and so does a sealed inbox (RuntimeError, with the engine's reason)."""
+        sinks = [Sink(loop) for _ in reqs]
         with self._lock:
+            if self._sealed is not None:
+                raise RuntimeError(self._sealed)
             taken = [r.rid for r in reqs if r.rid in self._live]
             if taken or len({r.rid for r in reqs}) < len(reqs):
                 name = taken[0] if taken else reqs[0].rid
                 raise ValueError(f"rid {name!r} is already in use by a running request")
             self._live.update(r.rid for r in reqs)
-        sinks = [Sink(loop) for _ in reqs]
-        for req, sink in zip(reqs, sinks, strict=True):
-            self._messages.put(Submission(req, sink))
+            for req, sink in zip(reqs, sinks, strict=True):
+                self._messages.put(Submission(req, sink))
         self.wake()
         return sinks
 
-    def post(self, message: Message) -> None:
-        self._messages.put(message)
+    def abort(self, rid: str) -> None:
+        """Ask for the request `rid` to stop (after the seal there is nothing left to stop:
+        the engine thread's last drain answered every request)."""
+        with self._lock:
+            if self._sealed is None:
+                self._messages.put(rid)
         self.wake()
 
     def ask(self, message: Flush | Unpin) -> Exception | None:
-        """Post a control message and wait for the engine thread's answer."""
-        self.post(message)
+        """Post a control message and wait for the engine thread's answer. Sealed: a flush is
+        refused with the engine's reason; an unpin has nothing left to release."""
+        with self._lock:
+            if self._sealed is not None:
+                return RuntimeError(self._sealed) if isinstance(message, Flush) else None
+            self._messages.put(message)
+        self.wake()
         return message.done.get()
 
     def wake(self) -> None:
         self._wake.set()
 
     # -- the engine thread ------------------------------------------------------------------
+    def seal(self, reason: str) -> None:
+        """From now on refuse what callers post, with `reason`; what was posted before stays
+        to be drained."""
+        with self._lock:
+            self._sealed = reason
+
     def wait(self, timeout: float) -> None:
         """Sleep until something is posted (or `timeout` seconds pass)."""
         self._wake.wait(timeout=timeout)

@@ -159,20 +159,29 @@ def test_a_killed_worker_fails_the_requests_and_the_engine(model_dir):
         params = {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True}
         stream = engine.generate(input_ids=[5, 6, 7], sampling_params=params, stream=True)
         next(stream)
-        waiting: dict = {}
-        thread = threading.Thread(
-            target=lambda: waiting.update(engine.generate(input_ids=[9, 8], sampling_params=params))
-        )
+        waiting: list = []
+
+        def submit_another() -> None:
+            try:
+                waiting.append(engine.generate(input_ids=[9, 8], sampling_params=params))
+            except RuntimeError as exc:  # it reached the engine after the failure: refused
+                waiting.append(exc)
+
+        thread = threading.Thread(target=submit_another)
         thread.start()
         os.kill(worker, signal.SIGKILL)
         start = time.monotonic()
         last = list(stream)[-1]
         thread.join(DEATH_BOUND_S)
         assert time.monotonic() - start < DEATH_BOUND_S
-        for out in (last, waiting):
+        for out in (last, *waiting):
+            if isinstance(out, RuntimeError):
+                assert "engine failed" in str(out)
+                continue
             reason = out["meta_info"]["finish_reason"]
             assert reason["type"] == "abort" and "engine failed" in reason["message"]
             assert out["meta_info"]["completion_tokens"] < 400
+        assert len(waiting) == 1
         assert engine.failed.is_set()
         with pytest.raises(RuntimeError, match="engine failed"):
             engine.generate(input_ids=[5], sampling_params=params)
