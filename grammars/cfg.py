@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -196,15 +195,22 @@ def bnf_from_ebnf(defs: dict, start: str, deadline: Deadline | None = None) -> B
     return bnf
 
 
-def _derivable(rules: list[tuple[int, tuple]], base: Callable[[int], bool]) -> set[int]:
-    """The left-hand sides that have a rule whose every symbol is a `base` symbol or one of
-    them (productive or nullable nonterminals): a worklist, each rule's count of missing
-    symbols going down as they join, so linear in the grammar's size."""
+def _derivable(rules: list[tuple[int, tuple]], num_terminals: int, by_terminals: bool) -> set[int]:
+    """The left-hand sides that have a rule whose every symbol is one of them or, where
+    `by_terminals`, a terminal (symbols below `num_terminals`): the productive nonterminals,
+    or without terminals the nullable ones. A worklist, each rule's count of missing symbols
+    going down as they join, so linear in the grammar's size."""
     missing = []
     users: dict[int, list[int]] = {}
     ready = []
     for i, (lhs, rhs) in enumerate(rules):
-        need = [s for s in rhs if not base(s)]
+        if by_terminals:
+            need = [s for s in rhs if s >= num_terminals]
+        elif rhs and min(rhs) < num_terminals:
+            missing.append(-1)  # a terminal: this rule never derives the empty word
+            continue
+        else:
+            need = rhs
         missing.append(len(need))
         for s in need:
             users.setdefault(s, []).append(i)
@@ -239,16 +245,16 @@ class EarleyParser:
     """
 
     def __init__(self, bnf: BNF, num_terminals: int, budget: GrammarBudget):
-        names = list(dict.fromkeys([bnf.start] + [lhs for lhs, _ in bnf.rules]))
+        names = dict.fromkeys([bnf.start] + [lhs for lhs, _ in bnf.rules])
         nt = {n: num_terminals + i for i, n in enumerate(names)}
-        for _lhs, syms in bnf.rules:
-            for s in syms:
-                if isinstance(s, str) and s not in nt:
+        # terminals are ints, never keys of `nt`: they map to themselves
+        rules = [(nt[lhs], tuple(map(nt.get, syms, syms))) for lhs, syms in bnf.rules]
+        for _lhs, rhs in rules:
+            for s in rhs:
+                if type(s) is str:
                     raise ValueError(f"grammar uses undefined rule {s!r}")
-        rules = [(nt[lhs], tuple(nt[s] if isinstance(s, str) else s for s in syms))
-                 for lhs, syms in bnf.rules]  # fmt: skip
         self.T = num_terminals
-        rules = self._productive(rules)
+        rules = self._productive(rules, len(nt))
         if not any(lhs == nt[bnf.start] for lhs, _ in rules):
             raise ValueError(f"start rule {bnf.start!r} derives no finite text")
         self.rules = ((-1, (nt[bnf.start],)), *rules)  # a tuple, as `by_lhs`'s below
@@ -274,12 +280,15 @@ class EarleyParser:
         """The chart's lists and dict, which this parser alone holds (see `reaper`)."""
         return [self.waiting, self.expected, self.accepting, self.next, self._interned]
 
-    def _productive(self, rules):
-        good = _derivable(rules, lambda s: s < self.T)
-        return [(lhs, rhs) for lhs, rhs in rules if all(s < self.T or s in good for s in rhs)]
+    def _productive(self, rules: list, num_nonterminals: int) -> list:
+        good = _derivable(rules, self.T, True)
+        if len(good) == num_nonterminals:  # most grammars: every rule is kept
+            return rules
+        T = self.T
+        return [(lhs, rhs) for lhs, rhs in rules if all(s < T or s in good for s in rhs)]
 
     def _nullable(self) -> set[int]:
-        return _derivable(self.rules, lambda _s: False)
+        return _derivable(self.rules, self.T, False)
 
     def _closure(self, seeds) -> int:
         """The number of the Earley set that `seeds` (items) start."""
