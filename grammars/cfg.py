@@ -34,7 +34,7 @@ import numpy as np
 
 from .budget import GrammarBudget
 from .native_rows import dfa_rows
-from .nfa import NFA, Deadline, EmptyLanguage, LazyDFA, byte_groups, nfa_nbytes
+from .nfa import NFA, Deadline, EmptyLanguage, LazyDFA, byte_groups, configured_rows, nfa_nbytes
 from .regex_ir import Alt, Chars, Dfa, Ref, Repeat, Seq, fold
 from .states import DICT_ENTRY_BYTES, StateRows, untracked
 
@@ -86,11 +86,17 @@ def _holds_ref(node, kids: list) -> bool:
     return isinstance(node, Ref) or any(kids)
 
 
-def _has_ref(node, memo: dict) -> bool:
+def _has_ref(node, memo: dict, native) -> bool:
+    """Whether IR `node` holds a `Ref` (`memo`: by node id, for the nodes without facts; the
+    fold in C with `native`, the configured C rows: `dfa_rows.holds_ref`)."""
     if getattr(node, "facts", None) is not None:  # most nodes: no fold needed
         return False
     got = memo.get(id(node))  # asked again for most nodes that hold one (no fold call then)
-    return fold(node, memo, _holds_ref, known=_known_ref_free) if got is None else got
+    if got is not None:
+        return got
+    if native is not None:
+        return native.holds_ref(node, memo)
+    return fold(node, memo, _holds_ref, known=_known_ref_free)
 
 
 class _EbnfLowering:
@@ -98,6 +104,7 @@ class _EbnfLowering:
         self.bnf = bnf
         self.deadline = deadline
         self.memo: dict = {}  # id(node) -> whether it holds a Ref
+        self.native = configured_rows()
         self.nullable: dict = {}  # id(node) -> whether it matches the empty word
         self.symbols: dict[int, object] = {}
         self.keep: list = []
@@ -125,7 +132,7 @@ class _EbnfLowering:
         self.keep.append(node)
         if isinstance(node, Ref):
             sym = node.name
-        elif not _has_ref(node, self.memo):
+        elif not _has_ref(node, self.memo, self.native):
             sym = self.terminal(node)
         else:
             sym = self.fresh()
@@ -138,7 +145,7 @@ class _EbnfLowering:
         self.pending.append((name, node))
         while self.pending:
             lhs, item = self.pending.pop()
-            if _has_ref(item, self.memo):
+            if _has_ref(item, self.memo, self.native):
                 self.bnf.rules += [(lhs, syms) for syms in self.alternatives(item)]
             else:
                 self.bnf.rules.append((lhs, (self.symbol(item),)))
@@ -146,7 +153,7 @@ class _EbnfLowering:
     def sequence(self, items) -> tuple:
         out, run = [], []
         for item in items:
-            if _has_ref(item, self.memo):
+            if _has_ref(item, self.memo, self.native):
                 if run:
                     out.append(
                         self.symbol(Seq(tuple(run))) if len(run) > 1 else self.symbol(run[0])

@@ -332,6 +332,125 @@ done:
     return ok ? 0 : -1;
 }
 
+/* 1 where IR node `x` does not know its facts (None, or no `facts` at all: a Ref), else 0; -1 on
+ * error. A node knows them only when every node below it does, and a Ref never does. */
+static int facts_unknown(PyObject *x) {
+    if ((PyObject *)Py_TYPE(x) == ref_type) return 1;
+    PyObject *facts = PyObject_GetAttr(x, s_facts);
+    if (facts == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+        PyErr_Clear();
+        return 1;
+    }
+    int unknown = facts == Py_None;
+    Py_DECREF(facts);
+    return unknown;
+}
+
+/* The items of a Seq or Alt, the item of a Repeat as `*one`, or none (n = 0); borrowed (the
+ * node holds them): 0, or -1 on error. */
+static int ir_kids(PyObject *x, PyObject **one, PyObject *const **kids, Py_ssize_t *n) {
+    PyObject *t = (PyObject *)Py_TYPE(x);
+    *n = 0;
+    if (t != seq_type && t != alt_type && t != repeat_type) return 0;
+    PyObject *got = PyObject_GetAttr(x, t == repeat_type ? s_item : s_items);
+    if (got == NULL) return -1;
+    Py_DECREF(got);
+    if (t == repeat_type) {
+        *one = got;
+        *kids = one;
+        *n = 1;
+    } else if (PyTuple_CheckExact(got)) {
+        *kids = &PyTuple_GET_ITEM(got, 0);
+        *n = PyTuple_GET_SIZE(got);
+    }
+    return 0;
+}
+
+/* holds_ref(node, memo): whether IR `node` holds a `Ref` (`cfg._has_ref`'s fold): `memo` maps
+ * id(node) -> bool for the nodes visited, which are those without known facts (one with facts
+ * holds no Ref), computed bottom-up with a stack of their own (deep schemas nest IR hundreds of
+ * levels). */
+static PyObject *holds_ref(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyDict_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "holds_ref(node, memo: dict)");
+        return NULL;
+    }
+    if (seq_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "holds_ref: the IR classes are not configured");
+        return NULL;
+    }
+    PyObject *memo = args[1], *result = NULL;
+    int unknown = facts_unknown(args[0]);
+    if (unknown <= 0) return unknown < 0 ? NULL : Py_NewRef(Py_False);
+    Py_ssize_t n = 0, cap = 64;
+    PyObject **stack = malloc(cap * sizeof(PyObject *)); /* borrowed: the graph holds them */
+    if (stack == NULL) return PyErr_NoMemory();
+    stack[n++] = args[0];
+    while (n) {
+        PyObject *x = stack[n - 1], *key = PyLong_FromVoidPtr(x), *one = NULL, *const *kids;
+        Py_ssize_t k;
+        if (key == NULL) goto done;
+        PyObject *got = PyDict_GetItemWithError(memo, key);
+        if (got != NULL || PyErr_Occurred() || (PyObject *)Py_TYPE(x) == ref_type ||
+            ir_kids(x, &one, &kids, &k) < 0) {
+            int failed = got == NULL && PyErr_Occurred();
+            if (!failed && got == NULL) failed = PyDict_SetItem(memo, key, Py_True) < 0; /* a Ref */
+            Py_DECREF(key);
+            if (failed) goto done;
+            n--;
+            continue;
+        }
+        if (n + k > cap) {
+            cap = 2 * (n + k);
+            PyObject **grown = realloc(stack, cap * sizeof(PyObject *));
+            if (grown == NULL) {
+                Py_DECREF(key);
+                PyErr_NoMemory();
+                goto done;
+            }
+            stack = grown;
+        }
+        int pushed = 0, holds = 0;
+        for (Py_ssize_t i = 0; i < k; i++) {
+            int u = facts_unknown(kids[i]);
+            PyObject *kid_key = u > 0 ? PyLong_FromVoidPtr(kids[i]) : NULL;
+            PyObject *kid = kid_key == NULL ? NULL : PyDict_GetItemWithError(memo, kid_key);
+            Py_XDECREF(kid_key);
+            if (u < 0 || (u > 0 && kid == NULL && PyErr_Occurred())) {
+                Py_DECREF(key);
+                goto done;
+            }
+            if (u > 0 && kid == NULL) {
+                stack[n++] = kids[i];
+                pushed = 1;
+            } else if (kid == Py_True) {
+                holds = 1;
+            }
+        }
+        if (!pushed) {
+            int failed = PyDict_SetItem(memo, key, holds ? Py_True : Py_False) < 0;
+            n--;
+            if (failed) {
+                Py_DECREF(key);
+                goto done;
+            }
+        }
+        Py_DECREF(key);
+    }
+    PyObject *key = PyLong_FromVoidPtr(args[0]);
+    if (key != NULL) {
+        result = PyDict_GetItemWithError(memo, key);
+        Py_XINCREF(result);
+        Py_DECREF(key);
+        if (result == NULL && !PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "holds_ref: the node was not reached");
+    }
+done:
+    free(stack);
+    return result;
+}
+
 /* untrack_ir(node): `untrack_graph` from Python (`LazyDFA.untrack_ir`). */
 static PyObject *untrack_ir(PyObject *self, PyObject *node) {
     return untrack_graph(node) < 0 ? NULL : Py_NewRef(Py_None);
@@ -2276,6 +2395,8 @@ static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, "The IR classes, helpers and costs the rows use."},
     {"begin_walk", begin_walk, METH_VARARGS, "Set up the row callback of a trie walk."},
     {"untrack_ir", untrack_ir, METH_O, "Take a regex IR graph out of the collector's sight."},
+    {"holds_ref", (PyCFunction)(void (*)(void))holds_ref, METH_FASTCALL,
+     "Whether a regex IR node holds a Ref (cfg._has_ref)."},
     {"untrack_made", untrack_made, METH_O, "Take an NFA's compile-time entries out of it."},
     {"untrack_lists", untrack_lists, METH_VARARGS, "Take lists of atoms out of it."},
     {"untracked", untracked, METH_O, "A tuple of atoms, out of the collector's sight."},

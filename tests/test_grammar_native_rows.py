@@ -4,6 +4,7 @@ numbers, every row) on regexes and JSON schemas; what a callback raises inside i
 the clock) comes through."""
 
 import gc
+import random
 import weakref
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from radixflow.grammars.json_schema_memo import shared_memo
 from radixflow.grammars.json_schema_resolve import canonical_schema
 from radixflow.grammars.lark_import import lark_to_bnf
 from radixflow.grammars.nfa import Deadline
-from radixflow.grammars.regex_ir import Alt, Ref, Repeat, Seq
+from radixflow.grammars.regex_ir import Alt, Chars, Ref, Repeat, Seq
 from radixflow.grammars.regex_parse import parse_regex
 
 
@@ -392,3 +393,62 @@ def test_environment_chooses_the_python_code(fresh_rows, monkeypatch):
     assert native_rows.dfa_rows() is None
     assert native_rows.describe() == "Python rows"
     assert not fresh_rows.exists()
+
+
+class _UnknownLeaf:
+    """A leaf that does not know its facts and holds no Ref, as a `Dfa` of unknown liveness."""
+
+    facts = None
+
+
+def _random_ir(rng: random.Random, size: int) -> list:
+    """IR nodes built bottom-up, sharing earlier ones: Refs, leaves with and without facts."""
+    nodes: list = [Ref("a"), Ref("b"), Chars(((97, 97),)), Chars(((98, 122),)), _UnknownLeaf()]
+    for _ in range(size):
+        kids = tuple(rng.choice(nodes[-12:] if rng.random() < 0.7 else nodes) for _ in range(3))
+        kind = rng.randrange(3)
+        node = (
+            Seq(kids[: rng.randrange(4)])
+            if kind == 0
+            else Alt(kids[: 1 + rng.randrange(3)])
+            if kind == 1
+            else Repeat(kids[0], rng.randrange(2), rng.choice([None, 3]))
+        )
+        nodes.append(node)
+    return nodes
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_ref_fold_in_c_is_the_python_codes(native, seed):
+    """`holds_ref` (C) answers as `cfg._has_ref`'s Python fold for every node of a random IR
+    DAG (shared nodes, Refs, leaves without facts), however the memo was filled before, and
+    leaves the same answer in the memo for each node without facts."""
+    from radixflow.grammars.cfg import _has_ref
+
+    rng = random.Random(seed)
+    nodes = _random_ir(rng, 300)
+    rows = nfa.configured_rows()
+    order = nodes[:]
+    rng.shuffle(order)
+    memo_c: dict = {}
+    memo_py: dict = {}
+    for node in order:
+        assert _has_ref(node, memo_c, rows) == _has_ref(node, memo_py, None)
+    assert any(_has_ref(n, memo_c, rows) for n in nodes)
+    assert not all(_has_ref(n, memo_c, rows) for n in nodes[2:])
+    for node in nodes:
+        if getattr(node, "facts", None) is None:
+            assert memo_c[id(node)] == memo_py[id(node)]
+
+
+def test_the_ref_fold_in_c_takes_deep_ir_and_refuses_a_bad_memo(native):
+    """A Ref under 50,000 nested nodes is found without recursion; a memo that is not a dict
+    is a TypeError."""
+    node: object = Ref("deep")
+    for i in range(50_000):
+        node = Seq((Chars(((97, 97),)), node)) if i % 2 else Alt((node, Chars(((98, 98),))))
+    rows = nfa.configured_rows()
+    assert rows.holds_ref(node, {}) is True
+    assert rows.holds_ref(Seq((Chars(((97, 97),)),)), {}) is False  # facts known: no walk
+    with pytest.raises(TypeError, match="memo: dict"):
+        rows.holds_ref(node, [])
