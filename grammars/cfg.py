@@ -206,7 +206,11 @@ def _derivable(rules: list[tuple[int, tuple]], num_terminals: int, by_terminals:
     """The left-hand sides that have a rule whose every symbol is one of them or, where
     `by_terminals`, a terminal (symbols below `num_terminals`): the productive nonterminals,
     or without terminals the nullable ones. A worklist, each rule's count of missing symbols
-    going down as they join, so linear in the grammar's size."""
+    going down as they join, so linear in the grammar's size (in C where the native rows are
+    built: `dfa_rows.derivable`)."""
+    native = dfa_rows()
+    if native is not None:
+        return native.derivable(rules, num_terminals, by_terminals)
     missing = []
     users: dict[int, list[int]] = {}
     ready = []
@@ -295,7 +299,7 @@ class EarleyParser:
         return [(lhs, rhs) for lhs, rhs in rules if all(s < T or s in good for s in rhs)]
 
     def _nullable(self) -> set[int]:
-        return _derivable(self.rules, self.T, False)
+        return _derivable(list(self.rules), self.T, False)
 
     def _closure(self, seeds) -> int:
         """The number of the Earley set that `seeds` (items) start."""

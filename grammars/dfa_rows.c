@@ -598,6 +598,116 @@ static PyObject *untrack_lists(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* derivable(rules, num_terminals, by_terminals): `cfg._derivable` (its twin): the left-hand
+ * sides with a rule whose every symbol is one of them or, where `by_terminals`, a terminal (a
+ * symbol below `num_terminals`), by a worklist over each rule's count of missing symbols.
+ * `rules`: a list of (lhs, rhs) with rhs a tuple of symbols, ints from -1 up. */
+static PyObject *derivable(PyObject *self, PyObject *args) {
+    PyObject *rules;
+    long terminals;
+    int by_terminals;
+    if (!PyArg_ParseTuple(args, "O!lp", &PyList_Type, &rules, &terminals, &by_terminals))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(rules), total = 0;
+    long top = 0; /* symbols are -1 .. top */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *rule = PyList_GET_ITEM(rules, i);
+        if (!PyTuple_CheckExact(rule) || PyTuple_GET_SIZE(rule) != 2 ||
+            !PyTuple_CheckExact(PyTuple_GET_ITEM(rule, 1))) {
+            PyErr_SetString(PyExc_TypeError, "derivable: rules are (lhs, tuple of symbols)");
+            return NULL;
+        }
+        total += PyTuple_GET_SIZE(PyTuple_GET_ITEM(rule, 1)) + 1;
+    }
+    long *syms = malloc((total + 1) * sizeof(long)); /* per rule: lhs, then its rhs */
+    Py_ssize_t *start = malloc((n + 1) * sizeof(Py_ssize_t));
+    long *missing = malloc((n + 1) * sizeof(long));
+    long *ready = malloc((n + 1) * sizeof(long));
+    Py_ssize_t *first = NULL, *users = NULL;
+    char *done = NULL;
+    PyObject *out = NULL;
+    if (!syms || !start || !missing || !ready) {
+        PyErr_NoMemory();
+        goto end;
+    }
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *rule = PyList_GET_ITEM(rules, i), *rhs = PyTuple_GET_ITEM(rule, 1);
+        start[i] = k;
+        for (Py_ssize_t j = -1; j < PyTuple_GET_SIZE(rhs); j++) {
+            long s = PyLong_AsLong(j < 0 ? PyTuple_GET_ITEM(rule, 0) : PyTuple_GET_ITEM(rhs, j));
+            if (s == -1 && PyErr_Occurred()) goto end;
+            if (s < -1 || s >= LONG_MAX - 2) {
+                PyErr_Format(PyExc_ValueError, "derivable: symbol %ld out of range", s);
+                goto end;
+            }
+            if (s > top) top = s;
+            syms[k++] = s;
+        }
+    }
+    start[n] = k;
+    /* users of each symbol (index s + 1), as offsets into one array: counted, then placed */
+    first = calloc(top + 3, sizeof(Py_ssize_t));
+    done = calloc(top + 2, 1);
+    if (!first || !done) {
+        PyErr_NoMemory();
+        goto end;
+    }
+    Py_ssize_t r = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long need = 0;
+        int never = 0;
+        for (Py_ssize_t j = start[i] + 1; j < start[i + 1]; j++) {
+            if (syms[j] < terminals) {
+                never |= !by_terminals; /* a terminal: no empty word from this rule */
+                continue;
+            }
+            need++;
+        }
+        if (never) need = -1;
+        missing[i] = need;
+        if (need == 0) ready[r++] = syms[start[i]];
+        if (need > 0)
+            for (Py_ssize_t j = start[i] + 1; j < start[i + 1]; j++)
+                if (syms[j] >= terminals) first[syms[j] + 2]++;
+    }
+    for (long s = 0; s <= top + 1; s++) first[s + 1] += first[s];
+    users = malloc((first[top + 2] + 1) * sizeof(Py_ssize_t));
+    if (users == NULL) {
+        PyErr_NoMemory();
+        goto end;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (missing[i] > 0)
+            for (Py_ssize_t j = start[i] + 1; j < start[i + 1]; j++)
+                if (syms[j] >= terminals) users[first[syms[j] + 1]++] = i;
+    /* first[s + 1] is now where symbol s's users end; they start where symbol s - 1's end */
+    if ((out = PySet_New(NULL)) == NULL) goto end;
+    while (r) {
+        long lhs = ready[--r];
+        if (done[lhs + 1]) continue;
+        done[lhs + 1] = 1;
+        PyObject *x = PyLong_FromLong(lhs);
+        if (x == NULL || PySet_Add(out, x) < 0) {
+            Py_XDECREF(x);
+            Py_CLEAR(out);
+            goto end;
+        }
+        Py_DECREF(x);
+        for (Py_ssize_t u = lhs < 0 ? 0 : first[lhs], e = first[lhs + 1]; u < e; u++)
+            if (--missing[users[u]] == 0) ready[r++] = syms[start[users[u]]];
+    }
+end:
+    free(syms);
+    free(start);
+    free(missing);
+    free(ready);
+    free(first);
+    free(users);
+    free(done);
+    return out;
+}
+
 /* obj.nbytes += n; 0, or -1 on error */
 static int add_bytes(PyObject *obj, long n) {
     PyObject *had = PyObject_GetAttr(obj, s_nbytes), *x = PyLong_FromLong(n), *now = NULL;
@@ -2399,6 +2509,7 @@ static PyMethodDef methods[] = {
      "Whether a regex IR node holds a Ref (cfg._has_ref)."},
     {"untrack_made", untrack_made, METH_O, "Take an NFA's compile-time entries out of it."},
     {"untrack_lists", untrack_lists, METH_VARARGS, "Take lists of atoms out of it."},
+    {"derivable", derivable, METH_VARARGS, "cfg._derivable: productive or nullable nonterminals."},
     {"untracked", untracked, METH_O, "A tuple of atoms, out of the collector's sight."},
     {"end_walk", end_walk, METH_NOARGS, "End a trie walk: its callback's error or None."},
     {"walks_running", walks, METH_NOARGS, "Trie walks begun and not yet ended, and held fills."},

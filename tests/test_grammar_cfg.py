@@ -177,13 +177,21 @@ def _fixpoint(rules, base):
     return out
 
 
+@pytest.mark.parametrize("code", ["native", "python"])
 @pytest.mark.parametrize("seed", range(20))
-def test_parser_keeps_productive_rules_and_finds_nullable_ones(seed):
+def test_parser_keeps_productive_rules_and_finds_nullable_ones(seed, code, monkeypatch):
     """Random BNF (unproductive cycles, epsilon rules, repeated symbols): the parser drops the
-    rules that derive no finite text and knows which nonterminals derive the empty text."""
+    rules that derive no finite text and knows which nonterminals derive the empty text, with
+    the worklist in C (`dfa_rows.derivable`, where built) and in Python."""
+    from radixflow.grammars import cfg
     from radixflow.grammars.budget import GrammarBudget
     from radixflow.grammars.cfg import BNF, EarleyParser
     from radixflow.grammars.regex_ir import Chars
+
+    if code == "python":
+        monkeypatch.setattr(cfg, "dfa_rows", lambda: None)
+    elif cfg.dfa_rows() is None:
+        pytest.skip("the native rows are not built here (no C compiler, or turned off)")
 
     rng = random.Random(seed)
     names = ["start"] + [f"n{i}" for i in range(12)]

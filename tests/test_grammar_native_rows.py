@@ -452,3 +452,15 @@ def test_the_ref_fold_in_c_takes_deep_ir_and_refuses_a_bad_memo(native):
     assert rows.holds_ref(Seq((Chars(((97, 97),)),)), {}) is False  # facts known: no walk
     with pytest.raises(TypeError, match="memo: dict"):
         rows.holds_ref(node, [])
+
+
+def test_the_derivable_worklist_in_c_refuses_malformed_rules(native):
+    """`derivable` answers for well-formed rules and names what is wrong with the others."""
+    rows = native_rows.dfa_rows()
+    rules = [(-1, (3,)), (3, (0, 4)), (4, ()), (5, (5, 1))]  # terminals 0..2
+    assert rows.derivable(rules, 3, True) == {-1, 3, 4}
+    assert rows.derivable(rules, 3, False) == {4}
+    with pytest.raises(TypeError, match="lhs, tuple of symbols"):
+        rows.derivable([(3, [0])], 3, True)
+    with pytest.raises(ValueError, match="out of range"):
+        rows.derivable([(3, (-2,))], 3, True)
