@@ -152,8 +152,9 @@ class _EbnfLowering:
 
     def sequence(self, items) -> tuple:
         out, run = [], []
+        memo, native = self.memo, self.native
         for item in items:
-            if _has_ref(item, self.memo, self.native):
+            if getattr(item, "facts", None) is None and _has_ref(item, memo, native):
                 if run:
                     out.append(
                         self.symbol(Seq(tuple(run))) if len(run) > 1 else self.symbol(run[0])
@@ -168,8 +169,8 @@ class _EbnfLowering:
 
     def alternatives(self, node) -> list[tuple]:
         self.deadline.check()
-        if isinstance(node, Alt):
-            return [self.sequence([i]) for i in node.items]
+        if isinstance(node, Alt):  # each item alone: its own symbol, a terminal or a rule's
+            return [(self.symbol(i),) for i in node.items]
         if isinstance(node, Seq):
             return [self.sequence(node.items)]
         if isinstance(node, Repeat):
