@@ -514,27 +514,30 @@ class SchemaConverter(ContainerConverter):
             try:
                 self._check_exclusive(schemas, branch, where)
             except Unproven as unproven:
+                # Its message, not the exception: raising a held exception again from a frame
+                # that names it makes a cycle (traceback, frame) that only the collector frees.
+                reason = str(unproven)
                 strings = self._exclusive_strings(schemas, where)
                 if strings is not None:
                     return strings
                 try:
-                    return Alt(tuple(self._excluding_others(schemas, where, unproven)))
+                    return Alt(tuple(self._excluding_others(schemas, where, reason)))
                 except CompileTimeout:
                     raise
                 except ValueError:
-                    return Alt(tuple(self._separated_by_required(schemas, where, unproven)))
+                    return Alt(tuple(self._separated_by_required(schemas, where, reason)))
         return Alt(tuple(branch(i) for i in range(len(schemas))))
 
-    def _excluding_others(self, schemas: list, where: str, unproven: ValueError) -> list:
+    def _excluding_others(self, schemas: list, where: str, reason: str) -> list:
         """IR of `oneOf` branches the prover cannot keep apart, each with the `not` of every
         other branch it may share values with (A and not B, B and not A: exactly one); with
         two or more of those, the `not`s are written by cases (types, required names, object
-        constraints, bounds: `_failures`). Raises `unproven` where a branch holds a `not`
+        constraints, bounds: `_failures`). Raises `Unproven(reason)` where a branch holds a `not`
         already, a `not` is one the converter cannot write, or the cases pass
         `MAX_MERGED_BRANCHES`."""
         flat = [self.schemas.flatten(s, f"{where}/oneOf/{i}") for i, s in enumerate(schemas)]
         if not all(isinstance(s, dict) and "not" not in s for s in flat):
-            raise unproven
+            raise Unproven(reason)
         prover = self._prover(where)
         out = []
         for i, s in enumerate(flat):
@@ -550,7 +553,7 @@ class SchemaConverter(ContainerConverter):
                     any(f is None for f in failures)
                     or math.prod(map(len, failures)) > MAX_MERGED_BRANCHES
                 ):
-                    raise unproven
+                    raise Unproven(reason)
                 cases = []
                 for picks in itertools.product(*failures):
                     merged = s
@@ -561,7 +564,7 @@ class SchemaConverter(ContainerConverter):
             except CompileTimeout:
                 raise
             except ValueError:
-                raise unproven from None
+                raise Unproven(reason) from None
         return out
 
     def _exclusive_strings(self, schemas: list, where: str):
@@ -575,18 +578,18 @@ class SchemaConverter(ContainerConverter):
         except ValueError:
             return None
 
-    def _separated_by_required(self, schemas: list, where: str, unproven: ValueError) -> list:
+    def _separated_by_required(self, schemas: list, where: str, reason: str) -> list:
         """IR of `oneOf` branches the prover cannot keep apart, each taken only where, for every
         other branch, a name that branch requires beyond this one's is absent; a branch whose
         other keywords equal another's and which requires all of that one's names is never the
         only match. Exact where the branches differ only in `required` ("exactly one of these
         fields"); otherwise sound (what a branch allows matches it and no other), though an
         object that fails another branch only by a value, with all its names present, is left
-        out. Raises `unproven` where that does not hold, a branch already holds a `not`, or
+        out. Raises `Unproven(reason)` where that does not hold, a branch already holds a `not`, or
         the cases pass `MAX_MERGED_BRANCHES`."""
         flat = [self.schemas.flatten(s, f"{where}/oneOf/{i}") for i, s in enumerate(schemas)]
         if not all(isinstance(s, dict) and "not" not in s for s in flat):
-            raise unproven
+            raise Unproven(reason)
         required = [set(s.get("required", [])) for s in flat]
         others = [{k: v for k, v in s.items() if k != "required"} for s in flat]
         out = []
@@ -601,7 +604,7 @@ class SchemaConverter(ContainerConverter):
                 elif others[j] == others[i]:
                     never = True  # every value of this branch matches branch j too
                 else:
-                    raise unproven
+                    raise Unproven(reason)
             if never:
                 out.append(NEVER)
                 continue
@@ -611,7 +614,7 @@ class SchemaConverter(ContainerConverter):
             except CompileTimeout:
                 raise
             except ValueError:
-                raise unproven from None
+                raise Unproven(reason) from None
         return out
 
     def _prover(self, where: str) -> DisjointProver:
