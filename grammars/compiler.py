@@ -21,7 +21,7 @@ from .matcher import CompiledGrammar
 from .native_rows import dfa_rows
 from .native_walk import prepare as prepare_mask_walk
 from .nfa import Deadline, untrack_ir
-from .reaper import reaper
+from .reaper import busy, reaper
 from .regex_ir import Alt, literal
 from .regex_parse import parse_regex, warm_unicode_classes
 from .regex_terms import regex_derivs
@@ -118,9 +118,10 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
             reaper.drop(dropped)
             return got
         deadline = Deadline(self.compile_timeout)
-        automaton = build(deadline)
-        deadline.check()  # lazy builds may do no work that checks the clock on the way
-        got = CompiledGrammar(self.index, automaton, kind, source, self.limits)
+        with busy:  # the reaper takes no slice meanwhile (see `reaper.busy`)
+            automaton = build(deadline)
+            deadline.check()  # lazy builds may do no work that checks the clock on the way
+            got = CompiledGrammar(self.index, automaton, kind, source, self.limits)
         with self._lock:
             got = self._cache.setdefault(key, got)
             self._cache.move_to_end(key)

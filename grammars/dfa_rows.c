@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define CHECK_EVERY 256 /* closure steps between clock checks, as nfa._CHECK_EVERY */
 #define ERR (-2)        /* a state-returning function's error (-1 is "matches nothing") */
@@ -2410,7 +2411,9 @@ done:
  * thread: each thread's walk has its own. */
 static _Thread_local PyObject *walk_automaton, *walk_dfa, *walk_rows, *walk_error;
 static _Thread_local Loaded walk_loaded; /* what the walk's rows loaded of `walk_dfa` */
-static long walks_running; /* begun, not ended, on any thread (changed with the GIL held) */
+/* begun, not ended, on any thread: changed with the GIL held, read without it too (`wait_idle`),
+ * hence atomically */
+static long walks_running;
 
 /* trie_walk.c's `fill`: computes `state`'s row (`dfa_row`, else `automaton.row(state)`) and
  * returns the rows' addresses as they are now (`automaton.row_pointers()`) with their number
@@ -2467,14 +2470,14 @@ static PyObject *begin_walk(PyObject *self, PyObject *args) {
     Py_XSETREF(walk_rows, Py_NewRef(rows));
     Py_CLEAR(walk_error);
     loaded_clear(&walk_loaded);
-    walks_running++;
+    __atomic_add_fetch(&walks_running, 1, __ATOMIC_RELAXED);
     return PyLong_FromVoidPtr((void *)walk_fill);
 }
 
 /* end_walk() -> the first error a callback of this thread's walk met, or None; lets go of the
  * walk's automaton and rows. */
 static PyObject *end_walk(PyObject *self, PyObject *unused) {
-    if (walk_automaton != NULL) walks_running--;
+    if (walk_automaton != NULL) __atomic_sub_fetch(&walks_running, 1, __ATOMIC_RELAXED);
     Py_CLEAR(walk_automaton);
     Py_CLEAR(walk_dfa);
     Py_CLEAR(walk_rows);
@@ -2486,18 +2489,37 @@ static PyObject *end_walk(PyObject *self, PyObject *unused) {
 
 /* walks_running() -> the number of trie walks begun and not yet ended, on all threads, and of
  * mask fills held (`hold_fill`). */
-static PyObject *walks(PyObject *self, PyObject *unused) { return PyLong_FromLong(walks_running); }
+static PyObject *walks(PyObject *self, PyObject *unused) {
+    return PyLong_FromLong(__atomic_load_n(&walks_running, __ATOMIC_RELAXED));
+}
 
-/* hold_fill() / release_fill(): a mask fill begins / ends, counted with the walks, so that the
- * reaper takes no slice in its Python parts either (the copy into the caller's row lets go of the
- * GIL). */
+/* hold_fill() / release_fill(): a mask fill or a compile begins / ends (`reaper.busy`), counted
+ * with the walks, so that the reaper takes no slice in its Python parts either (a fill's copy
+ * into the caller's row, a compile's numpy parts let go of the GIL). */
 static PyObject *hold_fill(PyObject *self, PyObject *unused) {
-    walks_running++;
+    __atomic_add_fetch(&walks_running, 1, __ATOMIC_RELAXED);
     Py_RETURN_NONE;
 }
 
 static PyObject *release_fill(PyObject *self, PyObject *unused) {
-    walks_running--;
+    __atomic_sub_fetch(&walks_running, 1, __ATOMIC_RELAXED);
+    Py_RETURN_NONE;
+}
+
+/* wait_idle(pause_s): returns once no walk, fill or compile runs, looking every `pause_s`
+ * seconds without the GIL. A thread that looked with it (the reaper) would be waiting for the
+ * GIL whenever the busy thread let go of it, and take it from that thread each time. */
+static PyObject *wait_idle(PyObject *self, PyObject *arg) {
+    double pause = PyFloat_AsDouble(arg);
+    if (pause == -1.0 && PyErr_Occurred()) return NULL;
+    if (!(pause > 0.0 && pause < 1.0)) {
+        PyErr_SetString(PyExc_ValueError, "wait_idle: the pause must be between 0 and 1 second");
+        return NULL;
+    }
+    struct timespec step = {0, (long)(pause * 1e9)};
+    Py_BEGIN_ALLOW_THREADS
+    while (__atomic_load_n(&walks_running, __ATOMIC_RELAXED) > 0) nanosleep(&step, NULL);
+    Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
@@ -2515,6 +2537,7 @@ static PyMethodDef methods[] = {
     {"walks_running", walks, METH_NOARGS, "Trie walks begun and not yet ended, and held fills."},
     {"hold_fill", hold_fill, METH_NOARGS, "A mask fill begins: the reaper waits."},
     {"release_fill", release_fill, METH_NOARGS, "A mask fill ends."},
+    {"wait_idle", wait_idle, METH_O, "Wait without the GIL until no walk, fill or compile runs."},
     {"closure", closure, METH_VARARGS, "LazyDFA.closure of a tuple of NFA states."},
     {"fill_row", fill_row, METH_VARARGS, "LazyDFA._compute_row into an int32[256] buffer."},
     {"byte_groups", byte_groups, METH_VARARGS, "LazyDFA.byte_groups of an int32[256] row."},

@@ -118,11 +118,12 @@ from .json_schema_strings import (
     spellings,
     string_ir,
 )
-from .nfa import CompileTimeout, Deadline, EmptyLanguage
+from .nfa import CompileTimeout, Deadline, EmptyLanguage, untrack_ir
 from .regex_algebra import combine, search
 from .regex_ir import EMPTY, Alt, Ref, alt, literal, opt, seq, star
 from .regex_parse import parse_regex
 from .regex_terms import NEVER
+from .states import untracked
 
 _NONE: frozenset[str] = frozenset()  # no rules
 
@@ -268,7 +269,11 @@ class SchemaConverter(ContainerConverter):
             self._rules_of[key] = uses
             if self.memo is not None:
                 rules = tuple((rule, self.defs[rule]) for rule in uses)
-                self.memo.put((*self._options, key), (got, deps, rules))
+                # Kept across compiles, out of the collector's sight (as a grammar's IR is):
+                # IR this compile's grammar does not read (a part that `seq` or `alt` merged
+                # into a new node) would otherwise be walked by every full collection.
+                untrack_ir(got, *(body for _rule, body in rules))
+                self.memo.put(untracked((*self._options, key)), untracked((got, deps, rules)))
         return got
 
     def _reuse(self, key: int) -> None:

@@ -20,7 +20,7 @@ import torch
 from .automaton import ByteAutomaton
 from .budget import GrammarBudgetExceeded, GrammarLimits
 from .masks import WalkTable, compute_mask
-from .reaper import filling
+from .reaper import busy
 from .states import DICT_ENTRY_BYTES
 from .tokenizer_index import TokenizerIndex
 
@@ -199,7 +199,7 @@ class GrammarMatcher:
                 f"bitmask row must be int32 with {words} words, got {bitmask_row.dtype} "
                 f"{tuple(shape)}"
             )
-        with filling:
+        with busy:
             mask, address = self._mask_entry()
             # A host row is written by one memmove: torch's copy costs three times as much
             # where the caches are cold, as they are after a compile or a forward pass.

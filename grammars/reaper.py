@@ -2,20 +2,20 @@
 
 A grammar that requests have walked holds up to hundreds of thousands of Python objects (its
 NFA's packed lists, its DFA states and rows, its Earley chart), and freeing it in one go holds
-the GIL for milliseconds (13 ms for one walked Github_hard grammar here): inside the compile
-whose insertion evicted it, and stalling every other thread meanwhile. The reaper's thread takes
-such a grammar apart instead: the lists and dicts it alone holds (`CompiledGrammar.containers`)
-are emptied `SLICE` items at a time, letting go of the GIL in between and pausing while a
-mask is filled (its trie walk holds the GIL, but its Python parts and its copy into the
-caller's row let go of it between them: each would wait for a slice), and the rest is freed
-once they are empty. It runs while the CPU is otherwise idle or busy without the GIL (waiting
-for the GPU, in torch ops, in the tokenizer); with no such time, the compile that the GIL's
-switch interval interrupts lends it a slice every few milliseconds. A grammar that something
-else still holds (a matcher) is only let go of, and freed when its last holder lets go. Past
-`MAX_WAITING` waiting grammars, the thread that drops more frees the oldest itself, so that
-memory stays bounded: where the CPU is busy with the GIL held throughout (a benchmark compiling
-and walking schemas back to back), most dropped grammars end there, in the compile that drops
-them.
+the GIL for milliseconds (10-15 ms for the largest walked Github_hard grammars here): inside
+the compile whose insertion evicted it, and stalling every other thread meanwhile. The
+reaper's thread takes such a grammar apart instead: the lists and dicts it alone holds
+(`CompiledGrammar.containers`) are emptied `SLICE` items at a time, letting go of the GIL in
+between, and the rest is freed once they are empty. It takes no slice while a trie walk, a
+mask fill or a compile runs (`busy`; each lets go of the GIL here and there and would wait for
+the slice), waiting for them without the GIL (`dfa_rows.wait_idle`). It runs while the CPU is
+otherwise idle or busy without the GIL (waiting for the GPU, in torch ops, in the tokenizer);
+with no such time, the thread the GIL's switch interval interrupts lends it a hold of the GIL
+every few milliseconds: one slice, or slices for up to `BEHIND_HOLD_S` once half of
+`MAX_WAITING` grammars wait, so that it keeps up with a benchmark compiling and walking schemas
+back to back. A grammar that something else still holds (a matcher) is only let go of, and
+freed when its last holder lets go. Past `MAX_WAITING` waiting grammars, the thread that drops
+more frees the oldest itself, so that memory stays bounded.
 """
 
 from __future__ import annotations
@@ -25,26 +25,38 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 from .native_rows import dfa_rows
 
-SLICE = 256  # items freed per hold of the GIL
+SLICE = 256  # items freed per slice (one slice per hold of the GIL unless behind)
 MAX_WAITING = 16  # grammars waiting past this are freed by the thread that drops more
-PAUSE_S = 0.0002  # between looks at whether a walk or fill still runs
+PAUSE_S = 0.0002  # between looks at whether a walk, fill or compile still runs
+BEHIND_HOLD_S = 0.001  # with MAX_WAITING // 2 grammars waiting or more: slices per GIL hold
 
 
 def walks_running() -> int:
-    """Trie walks and mask fills (`filling`) in progress on any thread (none counted without
-    the C rows)."""
+    """Trie walks, mask fills and compiles (`busy`) in progress on any thread (none counted
+    without the C rows)."""
     native = dfa_rows()
     return 0 if native is None else native.walks_running()
 
 
-class _Filling:
-    """`with filling:` around a mask fill, so that the reaper takes no slice in it: a fill's
-    Python parts run with the GIL, and its copy into the caller's row (ctypes' memmove, torch's
-    copy) lets go of it, where the reaper would otherwise free a slice that the fill then waits
-    for."""
+def _wait_idle() -> None:
+    """Return once no walk, fill or compile (`busy`) runs: a slice taken in one would make it
+    wait. Looked at without the GIL (`dfa_rows.wait_idle`), then again with it, as one may
+    have begun in between."""
+    native = dfa_rows()
+    while native is not None and native.walks_running():
+        native.wait_idle(PAUSE_S)
+
+
+class _Busy:
+    """`with busy:` around work the reaper must not take slices in, a mask fill or a compile:
+    each lets go of the GIL here and there (a fill's copy into the caller's row by ctypes'
+    memmove or torch's copy; a compile's numpy and C parts), and the reaper, taking the GIL
+    then for a slice, would make the work wait for it (a compile that dropped grammars had
+    waited up to twice its own time for theirs: 12 ms where 5 were its own)."""
 
     def __enter__(self) -> None:
         native = dfa_rows()
@@ -57,7 +69,7 @@ class _Filling:
             native.release_fill()
 
 
-filling = _Filling()
+busy = _Busy()
 
 
 def _refs(obj: object) -> int:
@@ -74,29 +86,32 @@ def _call_refs() -> int:
 _CALL_REFS = _call_refs()
 
 
-def _take_apart(grammar) -> None:
+def _take_apart(grammar, behind: Callable[[], bool]) -> None:
     """Empty the containers of `grammar` a slice at a time, when nothing else holds it or its
     automaton: `grammar` is named by the reaper's loop and here, the automaton by the grammar
-    and its walk table (and here); a matcher or any other holder adds to those counts."""
+    and its walk table (and here); a matcher or any other holder adds to those counts. Each
+    hold of the GIL takes one slice, or slices for up to `BEHIND_HOLD_S` while `behind()`."""
     automaton = grammar.automaton
     if _refs(grammar) != _CALL_REFS + 2 or _refs(automaton) != _CALL_REFS + 3:
         return
     del automaton
     seen = set()
+    until = 0.0  # this hold of the GIL ends at the first slice past it
     for box in grammar.containers():
         if id(box) in seen:  # listed twice: the NFA's parts and its facts share one dict
             continue
         seen.add(id(box))
         while box:
+            if time.perf_counter() >= until:
+                time.sleep(0)  # lets go of the GIL: a waiting thread runs next
+                _wait_idle()
+                until = time.perf_counter() + (BEHIND_HOLD_S if behind() else 0.0)
             if type(box) is list:
                 del box[-SLICE:]
             else:
                 take = box.popitem if type(box) is dict else box.pop
                 for _ in range(min(SLICE, len(box))):
                     take()
-            time.sleep(0)  # lets go of the GIL: a waiting thread runs next
-            while walks_running():  # a fill (or a walk's row callbacks) would wait for a slice
-                time.sleep(PAUSE_S)
 
 
 class Reaper:
@@ -128,6 +143,10 @@ class Reaper:
             self._changed.notify_all()
         late.clear()  # past the bound: freed here, at once
 
+    def _behind(self) -> bool:
+        """Whether half of `MAX_WAITING` or more grammars wait (read without the lock)."""
+        return len(self._waiting) >= MAX_WAITING // 2
+
     def wait(self) -> None:
         """Block until every grammar dropped so far is freed (or let go of, where held)."""
         with self._changed:
@@ -140,7 +159,7 @@ class Reaper:
                 grammar = self._waiting.popleft()
                 self._working = True
             try:
-                _take_apart(grammar)
+                _take_apart(grammar, self._behind)
             finally:
                 del grammar
                 with self._changed:

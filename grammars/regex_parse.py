@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .nfa import untrack_ir
 from .regex_ir import (
     EMPTY,
     MAX_CODEPOINT,
@@ -325,7 +326,9 @@ def _parse(pattern: str, flags: int, search: bool):
         options = [
             Seq((around[key][0], ir, around[key][1])) for key, ir in parts.by_anchors().items()
         ]
-    return options[0] if len(options) == 1 else Alt(tuple(options))
+    got = options[0] if len(options) == 1 else Alt(tuple(options))
+    untrack_ir(got)  # kept by the cache, out of the collector's sight as a grammar's IR is
+    return got
 
 
 def parse_regex(pattern: str, flags: int = 0):

@@ -17,6 +17,7 @@ from radixflow.grammars.cfg import GrammarAutomaton, bnf_from_ebnf
 from radixflow.grammars.json_schema import SchemaConverter, schema_to_ir
 from radixflow.grammars.json_schema_memo import SubschemaMemo, shared_memo
 from radixflow.grammars.json_schema_resolve import canonical_schema
+from radixflow.grammars.native_rows import dfa_rows
 from radixflow.grammars.nfa import Deadline
 from radixflow.grammars.regex_algebra import exclude_words
 from radixflow.grammars.regex_facts import IrFacts
@@ -431,12 +432,26 @@ CYCLE_SCHEMAS = [
         "$defs": {"t": {"type": "string", "maxLength": 4}},
         "properties": {"x": {"$ref": "#/$defs/t"}},
     },
-]
+    # oneOf branches that each meet both others: the fallback by cases fails (raising and
+    # catching on the way) before the one by required names holds
+    {"type": "object",
+     "properties": {"id": {"type": "string"}, "win": {"type": "integer"}, "lose": {"type": "integer"},
+                    "draw": {"type": "integer"}},
+     "oneOf": [{"required": ["id", "win"], "properties": {"win": {"minimum": 0}}},
+               {"required": ["id", "lose"]}, {"required": ["id", "draw"]}]},
+]  # fmt: skip
+# oneOfs no fallback holds: refused, each after its fallbacks raised
+REFUSED_CYCLE_SCHEMAS = [
+    {"oneOf": [{"minimum": 1}, {"maximum": 5}, {"multipleOf": 2}]},
+    {"oneOf": [{"type": "array", "items": {"type": "integer"}},
+               {"type": "array", "items": {"type": "string"}}]},
+]  # fmt: skip
 
 
 def test_compiling_and_walking_leave_no_reference_cycles():
     # Cyclic garbage waits for a collection of the generation it reached; a compile's (closures
-    # that call themselves, an NFA holding its own bound method) reached full collections.
+    # that call themselves, an NFA holding its own bound method, an exception raised again from
+    # the frame that names it) reached full collections.
     memo = SubschemaMemo()
     gc.collect()
     gc.set_debug(gc.DEBUG_SAVEALL)
@@ -445,6 +460,9 @@ def test_compiling_and_walking_leave_no_reference_cycles():
             auto = language(schema, memo)
             accepts(auto, compact(jsonschema_example(schema)))
             del auto
+        for schema in REFUSED_CYCLE_SCHEMAS:
+            with pytest.raises(ValueError, match="may overlap"):
+                language(schema, memo)
         gc.collect()
         garbage = [type(o).__name__ for o in gc.garbage]
     finally:
@@ -477,6 +495,23 @@ def test_cached_tables_and_memo_entries_are_not_tracked_by_the_collector():
     assert [table.moves[s] for s in range(len(table.moves))] == list(table.moves)
     with pytest.raises(IndexError):
         table.moves[len(table.moves)]
+
+
+def test_memo_entries_and_parsed_patterns_leave_the_collector_as_they_are_kept():
+    """What the memo and the pattern cache keep across compiles is out of the collector's sight
+    at once, IR included (also parts `seq` merged into new nodes, which no grammar's IR holds):
+    each full collection would walk it otherwise, thousands of objects in a server's life."""
+    if dfa_rows() is None:
+        pytest.skip("IR is taken out of the collector's sight by the native rows, not built here")
+    memo = SubschemaMemo()
+    schema = {"$defs": {"t": {"type": "string", "pattern": "^[a-z]+$"}},
+              "properties": {"a": {"$ref": "#/$defs/t"}, "b": {"type": "array", "items": {"$ref": "#/$defs/t"}}}}  # fmt: skip
+    schema_to_ir(canonical_schema(schema), None, Deadline(None), 16, memo)
+    assert len(memo._entries) >= 3
+    for key, (ir, deps, rules) in memo._entries.items():
+        assert not gc.is_tracked(key) and not gc.is_tracked(deps) and not gc.is_tracked(rules)
+        assert not any(map(gc.is_tracked, [ir, *children(ir)]))
+    assert not gc.is_tracked(parse_search_regex("^[0-9]{2}-x$"))
 
 
 def seq_of(node):

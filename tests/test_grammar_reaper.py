@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from tiny_models import tiny_tokenizer
 
+import radixflow.grammars.compiler as compiler_module
 import radixflow.grammars.reaper as reaper_module
 from radixflow.grammars import GrammarCompiler, allocate_token_bitmask
 from radixflow.grammars.cfg import GrammarAutomaton
@@ -97,17 +98,18 @@ def test_an_automaton_held_without_its_grammar_stays_whole(tok):
 
 class _Held:
     """Stands in for a grammar: an automaton named twice, as a grammar and its walk table do,
-    and containers that block the reaper until `release` is set."""
+    and containers (`parts`) that block the reaper until `release` is set."""
 
     def __init__(self, release: threading.Event | None = None):
         self.automaton = object()
         self._walk_automaton = self.automaton
         self.release = release
+        self.parts = [list(range(1000)), dict.fromkeys(range(1000))]
 
     def containers(self) -> list:
         if self.release is not None:
             self.release.wait(timeout=30)
-        return [list(range(1000)), dict.fromkeys(range(1000))]
+        return self.parts
 
 
 def test_grammars_past_the_bound_are_freed_by_the_thread_that_drops_them(monkeypatch):
@@ -126,6 +128,62 @@ def test_grammars_past_the_bound_are_freed_by_the_thread_that_drops_them(monkeyp
     release.set()
     own.wait()
     assert freed_on[3:] == ["radixflow-grammar-reaper"] * 4
+
+
+def _slices_per_hold(monkeypatch, behind: bool) -> int:
+    """How often `_take_apart` lets go of the GIL (`time.sleep(0)`) taking a stand-in of eight
+    slices apart, `behind` or not."""
+    me = threading.current_thread()
+    sleep = reaper_module.time.sleep
+    lets_go = []
+
+    def counted(seconds):
+        if threading.current_thread() is me:
+            lets_go.append(seconds)
+        sleep(seconds)
+
+    monkeypatch.setattr(reaper_module.time, "sleep", counted)
+    held = _Held()  # 1,000 list items and 1,000 dict entries: 8 slices of 256
+    reaper_module._take_apart(held, lambda: behind)
+    monkeypatch.undo()
+    assert [len(p) for p in held.parts] == [0, 0]
+    return len(lets_go)
+
+
+def test_a_reaper_behind_takes_slices_for_longer_per_hold_of_the_gil(monkeypatch):
+    """One slice per hold of the GIL normally; with half its bound waiting or more, slices for
+    up to `BEHIND_HOLD_S` per hold (here: all of them), so that it keeps up where the GIL is
+    rarely free instead of leaving grammars to the compiles that drop more."""
+    assert _slices_per_hold(monkeypatch, behind=False) == 8
+    monkeypatch.setattr(reaper_module, "BEHIND_HOLD_S", 60.0)
+    assert _slices_per_hold(monkeypatch, behind=True) == 1
+
+
+def test_the_reaper_waits_without_the_gil_while_a_compile_runs(tok, monkeypatch):
+    """A compile counts as busy, as fills and walks do; the reaper waits for none of them to
+    run before each slice, looking without the GIL (a thread that looked with it would take
+    the GIL from the compile each time the compile let go of it)."""
+    if reaper_module.dfa_rows() is None:
+        pytest.skip("work in progress is counted by the native rows, not built here")
+    seen = []
+    build = compiler_module.schema_to_ir
+
+    def counted(*args, **kwargs):
+        seen.append(reaper_module.walks_running())
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(compiler_module, "schema_to_ir", counted)
+    GrammarCompiler(tok).compile_json_schema({"type": "array", "items": {"type": "integer"}})
+    assert seen == [1] and reaper_module.walks_running() == 0
+    idle = threading.Event()
+    with reaper_module.busy:
+        waiter = threading.Thread(target=lambda: (reaper_module._wait_idle(), idle.set()))
+        waiter.start()
+        assert not idle.wait(timeout=0.05)
+    assert idle.wait(timeout=30)
+    waiter.join()
+    with pytest.raises(ValueError, match="pause"):
+        reaper_module.dfa_rows().wait_idle(0.0)
 
 
 TREE = {
