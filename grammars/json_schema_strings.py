@@ -109,15 +109,20 @@ def json_chars(node: Chars):
 json_chars.keeps_text = True  # type: ignore[attr-defined]  # text is plain: written as itself
 
 
+# Encoders made once: `json.dumps` with any option set builds a new encoder per call.
+_TEXT = json.JSONEncoder(ensure_ascii=False).encode
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 @functools.lru_cache(maxsize=8192)  # property names recur in every object that declares them
 def json_string_literal(text: str) -> Seq:
     """`text` as a JSON string literal (quotes included)."""
-    return literal(json.dumps(text, ensure_ascii=False))
+    return literal(_TEXT(text))
 
 
 def compact_json(value) -> str:
     """`value` as JSON text without whitespace (the generated form of enum/const values)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return _COMPACT(value)
 
 
 def string_ir(

@@ -55,8 +55,7 @@ class _Busy:
     """`with busy:` around work the reaper must not take slices in, a mask fill or a compile:
     each lets go of the GIL here and there (a fill's copy into the caller's row by ctypes'
     memmove or torch's copy; a compile's numpy and C parts), and the reaper, taking the GIL
-    then for a slice, would make the work wait for it (a compile that dropped grammars had
-    waited up to twice its own time for theirs: 12 ms where 5 were its own)."""
+    then for a slice, would make the work wait for it."""
 
     def __enter__(self) -> None:
         native = dfa_rows()
