@@ -2506,6 +2506,12 @@ static PyObject *release_fill(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* forget_running(): counts none, in a child after a fork (its only thread was not in any). */
+static PyObject *forget_running(PyObject *self, PyObject *unused) {
+    __atomic_store_n(&walks_running, 0, __ATOMIC_RELAXED);
+    Py_RETURN_NONE;
+}
+
 /* wait_idle(pause_s): returns once no walk, fill or compile runs, looking every `pause_s`
  * seconds without the GIL. A thread that looked with it (the reaper) would be waiting for the
  * GIL whenever the busy thread let go of it, and take it from that thread each time. */
@@ -2538,6 +2544,7 @@ static PyMethodDef methods[] = {
     {"hold_fill", hold_fill, METH_NOARGS, "A mask fill begins: the reaper waits."},
     {"release_fill", release_fill, METH_NOARGS, "A mask fill ends."},
     {"wait_idle", wait_idle, METH_O, "Wait without the GIL until no walk, fill or compile runs."},
+    {"forget_running", forget_running, METH_NOARGS, "Count no walk, fill or compile (after fork)."},
     {"closure", closure, METH_VARARGS, "LazyDFA.closure of a tuple of NFA states."},
     {"fill_row", fill_row, METH_VARARGS, "LazyDFA._compute_row into an int32[256] buffer."},
     {"byte_groups", byte_groups, METH_VARARGS, "LazyDFA.byte_groups of an int32[256] row."},

@@ -16,6 +16,7 @@ needs the interpreter's C headers (`sysconfig`'s include path); without them the
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from types import ModuleType
 
@@ -28,7 +29,12 @@ SOURCE = Path(__file__).with_name("dfa_rows.c")
 def dfa_rows() -> ModuleType | None:
     """The C module (`closure`, `fill_row`), or None (the Python twin) with the reason logged
     or warned once."""
-    return load_extension("lazy DFA rows", "automaton rows use the slower Python code", SOURCE)
+    native = load_extension("lazy DFA rows", "automaton rows use the slower Python code", SOURCE)
+    if native is not None:
+        # A child has only the thread that forked: what the parent's other threads were
+        # walking, filling or compiling (`reaper.busy`) is not running in it.
+        os.register_at_fork(after_in_child=native.forget_running)
+    return native
 
 
 def describe() -> str:

@@ -4,7 +4,9 @@ working."""
 
 from __future__ import annotations
 
+import os
 import threading
+import warnings
 import weakref
 
 import numpy as np
@@ -184,6 +186,38 @@ def test_the_reaper_waits_without_the_gil_while_a_compile_runs(tok, monkeypatch)
     waiter.join()
     with pytest.raises(ValueError, match="pause"):
         reaper_module.dfa_rows().wait_idle(0.0)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_counts_nothing_running():
+    """A fill or compile running on another thread when the process forks does not run in
+    the child (only the forking thread does): the child's reaper must not wait for it."""
+    if reaper_module.dfa_rows() is None:
+        pytest.skip("work in progress is counted by the native rows, not built here")
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold():
+        with reaper_module.busy:
+            inside.set()
+            leave.wait(timeout=30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert inside.wait(timeout=30)
+    try:
+        assert reaper_module.walks_running() == 1
+        with warnings.catch_warnings():  # 3.12 warns of forking with threads running
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: report and leave at once
+            os._exit(0 if reaper_module.walks_running() == 0 else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert reaper_module.walks_running() == 1  # the parent's count is its own
+    finally:
+        leave.set()
+        holder.join()
+    assert reaper_module.walks_running() == 0
 
 
 TREE = {
