@@ -131,6 +131,26 @@ class Unproven(ValueError):
     """`oneOf` branches not proven to share no value (the fallbacks may still separate them)."""
 
 
+def _product_factors(items: list) -> tuple[list, list] | None:
+    """The two lists whose pairs `items` are, as merged `allOf` parts make them
+    (`SchemaResolver.merge`: `{"allOf": [x, y]}` for x in the first, y in the second), or
+    None."""
+    if not all(isinstance(i, dict) and set(i) == {"allOf"} and len(i["allOf"]) == 2 for i in items):
+        return None
+    firsts: list = []
+    seconds: list = []
+    for item in items:
+        x, y = item["allOf"]
+        if x not in firsts:
+            firsts.append(x)
+        if y not in seconds:
+            seconds.append(y)
+    pairs = [{"allOf": [x, y]} for x in firsts for y in seconds]
+    if len(firsts) < 2 or len(seconds) < 2 or pairs != items:
+        return None
+    return firsts, seconds
+
+
 class SchemaConverter(ContainerConverter):
     """Walks one schema; `convert` returns IR, recursive `$ref`s land in `defs`."""
 
@@ -520,6 +540,14 @@ class SchemaConverter(ContainerConverter):
                 converted[i] = self.convert(schemas[i], f"{where}/{key}/{i}")
             return converted[i]
 
+        factors = _product_factors(schema[key]) if key == "oneOf" else None
+        if factors is not None:  # exact by its two lists where each has an exclusive form
+            try:
+                return self._by_factors(factors, rest, where)
+            except CompileTimeout:
+                raise
+            except ValueError:
+                pass  # taken as any other oneOf
         if key == "oneOf":
             try:
                 self._check_exclusive(schemas, branch, where)
@@ -537,6 +565,45 @@ class SchemaConverter(ContainerConverter):
                 except ValueError:
                     return Alt(tuple(self._separated_by_required(schemas, where, reason)))
         return Alt(tuple(branch(i) for i in range(len(schemas))))
+
+    def _by_factors(self, factors: tuple[list, list], rest: dict, where: str):
+        """IR of a `oneOf` that is the pairs of two lists (`allOf` parts each with a `oneOf`,
+        merged: `_product_factors`): exactly one pair holds where exactly one of each list
+        does (the pairs that hold are the product of the two counts), so it is the union over
+        pairs of each list's exclusive form, which `_exclusive_forms` writes for each list
+        alone. Raises ValueError where a list has no exclusive form, both lists need a `not`,
+        or a pair does not convert."""
+        reason = f"{where}: the oneOf's two lists have no exclusive forms"
+        forms = [self._exclusive_forms(rest, factor, where, reason) for factor in factors]
+        out = []
+        for first in forms[0]:
+            for second in forms[1]:
+                if first is None or second is None:
+                    continue  # a branch that never holds alone
+                if "not" in first and "not" in second:
+                    raise Unproven(reason)
+                merged = interleaved(rest, self.schemas.merge(first, second, where))
+                out.append(self.convert(merged, f"{where}/oneOf"))
+        return Alt(tuple(out)) if out else NEVER
+
+    def _exclusive_forms(self, rest: dict, branches: list, where: str, reason: str) -> list:
+        """Schemas each of which holds where `rest` and exactly that one of `branches` hold
+        (None: never alone): the branches themselves where the prover keeps every pair apart,
+        else those of `_separated_forms`."""
+        flat = [
+            self.schemas.flatten(
+                self.schemas.merge(rest, self.schemas.inline(b, where), where), where
+            )
+            for b in branches
+        ]
+        prover = self._prover(where)
+        if all(
+            prover.disjoint(flat[i], flat[j])
+            for i in range(len(flat))
+            for j in range(i + 1, len(flat))
+        ):
+            return flat
+        return self._separated_forms(flat, reason)
 
     def _excluding_others(self, schemas: list, where: str, reason: str) -> list:
         """IR of `oneOf` branches the prover cannot keep apart, each with the `not` of every
@@ -598,11 +665,28 @@ class SchemaConverter(ContainerConverter):
         out. Raises `Unproven(reason)` where that does not hold, a branch already holds a `not`, or
         the cases pass `MAX_MERGED_BRANCHES`."""
         flat = [self.schemas.flatten(s, f"{where}/oneOf/{i}") for i, s in enumerate(schemas)]
+        out = []
+        for i, form in enumerate(self._separated_forms(flat, reason)):
+            if form is None:
+                out.append(NEVER)
+                continue
+            try:
+                out.append(self.convert(form, f"{where}/oneOf/{i}"))
+            except CompileTimeout:
+                raise
+            except ValueError:
+                raise Unproven(reason) from None
+        return out
+
+    def _separated_forms(self, flat: list, reason: str) -> list:
+        """Per branch of `flat` (flattened `oneOf` branches), the branch with the `not` of
+        the names the other branches require beyond its own, or None where it never holds
+        alone (see `_separated_by_required`)."""
         if not all(isinstance(s, dict) and "not" not in s for s in flat):
             raise Unproven(reason)
         required = [set(s.get("required", [])) for s in flat]
         others = [{k: v for k, v in s.items() if k != "required"} for s in flat]
-        out = []
+        out: list[dict | None] = []
         for i, s in enumerate(flat):
             beyond, never = [], False
             for j in range(len(flat)):
@@ -615,16 +699,9 @@ class SchemaConverter(ContainerConverter):
                     never = True  # every value of this branch matches branch j too
                 else:
                     raise Unproven(reason)
-            if never:
-                out.append(NEVER)
-                continue
-            others_absent = {"anyOf": [{"required": names} for names in beyond]}
-            try:
-                out.append(self.convert({**s, "not": others_absent}, f"{where}/oneOf/{i}"))
-            except CompileTimeout:
-                raise
-            except ValueError:
-                raise Unproven(reason) from None
+            out.append(
+                None if never else {**s, "not": {"anyOf": [{"required": n} for n in beyond]}}
+            )
         return out
 
     def _prover(self, where: str) -> DisjointProver:

@@ -309,6 +309,39 @@ def test_oneof_branches_that_may_overlap_are_refused(gc, schema):
         gc.compile_json_schema(schema)
 
 
+NAMES = {"type": {"type": "string"}, "ref": {"type": "string"}, "format": {"type": "string"}}
+EXACTLY_ONE_NAME = [{"required": ["type"]}, {"required": ["ref"]}]
+BY_FORMAT = [
+    {"properties": {"type": {"enum": ["integer"]}, "format": {"enum": ["i32", "i64"]}}},
+    {"properties": {"type": {"enum": ["number"]}, "format": {"enum": ["f", "d"]}}},
+    {"properties": {"type": {"enum": ["string"]}, "format": {"enum": ["b", "dt"]}}},
+]
+TWO_LISTS = {
+    # Swagger 1.2's data types: "exactly one of two names" and, once `format` is present, a
+    # oneOf kept apart by its values; merged, the pairs of the two lists, which the other
+    # fallbacks refused (the `not`s by cases of the other pairs past their bound)
+    "dependencies": ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+                      "oneOf": EXACTLY_ONE_NAME,
+                      "properties": {**NAMES, "minimum": {"type": "string"},
+                                     "enum": {"type": "array", "items": {"type": "string"}, "minItems": 1}},
+                      "dependencies": {"format": {"oneOf": BY_FORMAT}}},
+                     [{"type": "integer", "format": "i32"}, {"ref": "r", "format": "f"},
+                      {"type": "string", "format": "b"}, {"type": "string"}, {"ref": "r"},
+                      {"type": "integer", "ref": "r"}, {}, {"type": "number", "format": "i32"},
+                      {"ref": "r", "format": "zz"}, {"type": "integer", "ref": "r", "format": "i64"},
+                      {"type": "string", "format": "dt", "minimum": "1", "enum": ["x"]}, {"ref": "r", "enum": []}]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(TWO_LISTS))
+def test_a_oneof_of_two_lists_pairs_is_exactly_one_of_each(gc, case):
+    """Merged parts make a `oneOf` of the pairs of two lists; exactly one pair holds where
+    exactly one branch of each list does, so it compiles as the pairs of each list's exclusive
+    form."""
+    schema, values = TWO_LISTS[case]
+    agree(gc, schema, values)
+
+
 # ---- one parser of schema sources ----------------------------------------------------
 def test_peers_and_radixflow_key_schemas_alike(gc):
     text = '{"type": "object", "properties": {"b": {}, "a": {"type": "string"}}}'
