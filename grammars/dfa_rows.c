@@ -2488,20 +2488,20 @@ static PyObject *end_walk(PyObject *self, PyObject *unused) {
 }
 
 /* walks_running() -> the number of trie walks begun and not yet ended, on all threads, and of
- * mask fills held (`hold_fill`). */
+ * mask fills and compiles held (`hold_busy`). */
 static PyObject *walks(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(__atomic_load_n(&walks_running, __ATOMIC_RELAXED));
 }
 
-/* hold_fill() / release_fill(): a mask fill or a compile begins / ends (`reaper.busy`), counted
+/* hold_busy() / release_busy(): a mask fill or a compile begins / ends (`reaper.busy`), counted
  * with the walks, so that the reaper takes no slice in its Python parts either (a fill's copy
  * into the caller's row, a compile's numpy parts let go of the GIL). */
-static PyObject *hold_fill(PyObject *self, PyObject *unused) {
+static PyObject *hold_busy(PyObject *self, PyObject *unused) {
     __atomic_add_fetch(&walks_running, 1, __ATOMIC_RELAXED);
     Py_RETURN_NONE;
 }
 
-static PyObject *release_fill(PyObject *self, PyObject *unused) {
+static PyObject *release_busy(PyObject *self, PyObject *unused) {
     __atomic_sub_fetch(&walks_running, 1, __ATOMIC_RELAXED);
     Py_RETURN_NONE;
 }
@@ -2540,9 +2540,9 @@ static PyMethodDef methods[] = {
     {"derivable", derivable, METH_VARARGS, "cfg._derivable: productive or nullable nonterminals."},
     {"untracked", untracked, METH_O, "A tuple of atoms, out of the collector's sight."},
     {"end_walk", end_walk, METH_NOARGS, "End a trie walk: its callback's error or None."},
-    {"walks_running", walks, METH_NOARGS, "Trie walks begun and not yet ended, and held fills."},
-    {"hold_fill", hold_fill, METH_NOARGS, "A mask fill begins: the reaper waits."},
-    {"release_fill", release_fill, METH_NOARGS, "A mask fill ends."},
+    {"walks_running", walks, METH_NOARGS, "Trie walks running, and fills and compiles held."},
+    {"hold_busy", hold_busy, METH_NOARGS, "A mask fill or compile begins: the reaper waits."},
+    {"release_busy", release_busy, METH_NOARGS, "A mask fill or compile ends."},
     {"wait_idle", wait_idle, METH_O, "Wait without the GIL until no walk, fill or compile runs."},
     {"forget_running", forget_running, METH_NOARGS, "Count no walk, fill or compile (after fork)."},
     {"closure", closure, METH_VARARGS, "LazyDFA.closure of a tuple of NFA states."},

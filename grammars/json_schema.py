@@ -118,11 +118,12 @@ from .json_schema_strings import (
     spellings,
     string_ir,
 )
-from .nfa import CompileTimeout, Deadline, EmptyLanguage, configured_rows
+from .nfa import CompileTimeout, Deadline, EmptyLanguage, untrack_ir
 from .regex_algebra import combine, search
 from .regex_ir import EMPTY, Alt, Ref, alt, literal, opt, seq, star
 from .regex_parse import parse_regex
 from .regex_terms import NEVER
+from .states import untracked
 
 _NONE: frozenset[str] = frozenset()  # no rules
 
@@ -165,7 +166,6 @@ class SchemaConverter(ContainerConverter):
     ):
         self.deadline = deadline
         self.memo = memo  # sub-schema IR shared with other compiles
-        self._native = configured_rows()  # takes what the memo keeps out of the collector's sight
         self.key_order = key_order
         # what the memo keys on beside the schema (the draft: whether `$ref` siblings apply)
         self._options = (whitespace_pattern, free_depth, key_order, ref_siblings_apply(root))
@@ -292,13 +292,8 @@ class SchemaConverter(ContainerConverter):
                 # Kept across compiles, out of the collector's sight (as a grammar's IR is):
                 # IR this compile's grammar does not read (a part that `seq` or `alt` merged
                 # into a new node) would otherwise be walked by every full collection.
-                kept, entry = (*self._options, key), (got, deps, rules)
-                if self._native is not None:
-                    for node in (got, *(body for _rule, body in rules)):
-                        self._native.untrack_ir(node)
-                    self._native.untracked(kept)
-                    self._native.untracked(entry)
-                self.memo.put(kept, entry)
+                untrack_ir(got, *(body for _rule, body in rules))
+                self.memo.put(untracked((*self._options, key)), untracked((got, deps, rules)))
         return got
 
     def _reuse(self, key: int) -> None:

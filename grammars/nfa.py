@@ -458,14 +458,20 @@ class NFA:
 
 
 def configured_rows():
-    """The C rows (`native_rows.dfa_rows`) told what they read of the IR and the NFA (a
-    few references set again: cheap), or None."""
+    """The C rows (`native_rows.dfa_rows`) told what they read of the IR and the NFA, or
+    None."""
     native = dfa_rows()
     if native is not None:
-        native.configure(Chars, Seq, Alt, Repeat, Dfa, Ref, _sequences, _spelled,
-                         MAX_NFA_STATES, _NFA_STATE_BYTES, _EDGE_BYTES, DICT_ENTRY_BYTES,
-                         *_TUPLE_BYTES, ROW_BYTES)  # fmt: skip
+        _configure(native)
     return native
+
+
+@functools.cache
+def _configure(native) -> None:
+    """Tell the C rows, once, the IR classes, helpers and costs they read."""
+    native.configure(Chars, Seq, Alt, Repeat, Dfa, Ref, _sequences, _spelled,
+                     MAX_NFA_STATES, _NFA_STATE_BYTES, _EDGE_BYTES, DICT_ENTRY_BYTES,
+                     *_TUPLE_BYTES, ROW_BYTES)  # fmt: skip
 
 
 def byte_groups(values: np.ndarray, native=None) -> tuple[tuple[int, ...], np.ndarray]:

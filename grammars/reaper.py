@@ -60,12 +60,12 @@ class _Busy:
     def __enter__(self) -> None:
         native = dfa_rows()
         if native is not None:
-            native.hold_fill()
+            native.hold_busy()
 
     def __exit__(self, *exc: object) -> None:
         native = dfa_rows()
         if native is not None:
-            native.release_fill()
+            native.release_busy()
 
 
 busy = _Busy()
