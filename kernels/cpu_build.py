@@ -3,10 +3,13 @@ instruction set this CPU runs.
 
 The kernels are one source written over a small vector abstraction (kernels/cpu/simd.h). The
 ISA is chosen at run time from the CPU's features (/proc/cpuinfo flags on x86, the aarch64
-architecture itself for NEON): AVX-512 (F, BW, VL, DQ; with AVX512-BF16 and VNNI where the CPU
-has them), else AVX2 + FMA + F16C, else NEON. `RADIXFLOW_CPU_ISA=avx512|avx2|neon|none` forces
-one (a lower one on a better CPU is really that ISA: the flags are explicit, never
-`-march=native`); an ISA the CPU cannot run falls back to the best it can, with a warning.
+architecture itself for NEON): AVX-512 (F, BW, VL, DQ; with AVX512-BF16, VNNI and AMX-INT8
+where the CPU has them), else AVX2 + FMA + F16C, else NEON.
+`RADIXFLOW_CPU_ISA=avx512|avx2|neon|none` forces one (a lower one on a better CPU is really that
+ISA: the flags are explicit, never `-march=native`); an ISA the CPU cannot run falls back to the
+best it can, with a warning.
+`RADIXFLOW_CPU_WITHOUT=amx_int8` (CPU feature names, comma-separated) builds as for a CPU
+without those features: the optional extensions' other code paths, on the same machine.
 
 All sources are compiled together with torch's extension builder (ninja + the system C++
 compiler, `-O3 -fopenmp` and the ISA's flags) into `$RADIXFLOW_CACHE_DIR/cpu_kernels` (default
@@ -46,6 +49,7 @@ BASE_CFLAGS = ("-O3", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 LIBRARY = "radixflow_cpu_kernels"
 ISA_ENV = "RADIXFLOW_CPU_ISA"
+WITHOUT_ENV = "RADIXFLOW_CPU_WITHOUT"
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,13 @@ ISAS = (  # best first
         "x86_64",
         frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"}),
         ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"),
-        (("avx512_bf16", "-mavx512bf16"), ("avx512_vnni", "-mavx512vnni")),
+        (
+            ("avx512_bf16", "-mavx512bf16"),
+            ("avx512_vnni", "-mavx512vnni"),
+            # AMX tiles for the int8-activation matmul (kernels/cpu/amx_int8.h): both needed
+            ("amx_tile", "-mamx-tile"),
+            ("amx_int8", "-mamx-int8"),
+        ),
     ),
     Isa("avx2", "x86_64", frozenset({"avx2", "fma", "f16c"}), ("-mavx2", "-mfma", "-mf16c")),
     # NEON (asimd) is part of every aarch64 CPU: the compiler's default target has it; SDOT
@@ -190,8 +200,15 @@ def fast_bf16(arch: str | None = None, flags: set[str] | None = None) -> bool:
 
 
 def current_choice() -> Choice:
-    """`choose_isa` for this CPU and this process's `RADIXFLOW_CPU_ISA`."""
-    return choose_isa(cpu_arch(), cpu_flags(), os.environ.get(ISA_ENV))
+    """`choose_isa` for this CPU, less the features `RADIXFLOW_CPU_WITHOUT` names, and this
+    process's `RADIXFLOW_CPU_ISA`."""
+    return choose_isa(cpu_arch(), cpu_flags() - features_left_out(), os.environ.get(ISA_ENV))
+
+
+def features_left_out() -> set[str]:
+    """The CPU features `RADIXFLOW_CPU_WITHOUT` names (comma-separated /proc/cpuinfo names,
+    e.g. `amx_int8` or `avx512_vnni`): the library is built as for a CPU without them."""
+    return {name.strip() for name in os.environ.get(WITHOUT_ENV, "").split(",") if name.strip()}
 
 
 def build_folder(root: Path, choice: Choice | None = None) -> Path:
@@ -237,14 +254,17 @@ class Loaded:
         return "-mavx512bf16" in self.flags
 
     def describe(self) -> str:
-        """`avx512+bf16`, `avx2`, `neon`, or `off (why)`: for the startup log."""
+        """`avx512+bf16+vnni`, `avx2`, `neon+asimddp`, or `off (why)`: for the startup log."""
         if self.isa is None:
             return f"off ({self.reason})"
-        extras = [flag.removeprefix("-mavx512") for flag in self.flags if flag in _EXTRA_FLAGS]
+        extras = [_EXTRA_NAMES[flag] for flag in self.flags if flag in _EXTRA_NAMES]
         return "+".join([self.isa, *extras])
 
 
-_EXTRA_FLAGS = {flag for isa in ISAS for _, flag in isa.extras}
+# an optional extension's compiler flag -> its name in the log (the CPU feature's)
+_EXTRA_NAMES = {
+    flag: feature.removeprefix("avx512_") for isa in ISAS for feature, flag in isa.extras
+}
 
 
 def build(root: Path | None = None, choice: Choice | None = None) -> Loaded:
@@ -274,9 +294,35 @@ def build(root: Path | None = None, choice: Choice | None = None) -> Loaded:
         detail = str(exc).strip()
         last = detail.splitlines()[-1] if detail else repr(exc)
         return _off(f"could not build the {choice.isa.name} kernels ({type(exc).__name__}: {last})")
-    loaded = Loaded(choice.isa.name, choice.flags, choice.reason)
+    loaded = Loaded(choice.isa.name, _granted(choice.flags), choice.reason)
     logger.info("radixflow CPU kernels: %s (%s)", loaded.describe(), choice.reason)
     return loaded
+
+
+AMX_FLAGS = ("-mamx-tile", "-mamx-int8")
+
+
+def amx_granted() -> bool:
+    """Whether the loaded library runs its int8 matmul on AMX tiles in this process (built
+    with AMX, and Linux granted the tile state)."""
+    return bool(torch.ops.radixflow_cpu.amx_tiles())
+
+
+def _granted(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """`flags` without AMX's where the library does not run tiles: built with one of the two
+    only (`RADIXFLOW_CPU_WITHOUT`), or Linux refuses this process the tile state (the library
+    then runs the AVX-512 int8 kernels; one warning says so)."""
+    present = set(AMX_FLAGS) & set(flags)
+    if not present or (present == set(AMX_FLAGS) and amx_granted()):
+        return flags
+    if present == set(AMX_FLAGS):
+        warnings.warn(
+            "radixflow: this CPU has AMX but Linux refused this process the tile state "
+            "(arch_prctl ARCH_REQ_XCOMP_PERM); the int8 matmul runs on AVX-512",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return tuple(flag for flag in flags if flag not in AMX_FLAGS)
 
 
 def _off(reason: str) -> Loaded:

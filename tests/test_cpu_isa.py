@@ -3,6 +3,7 @@ the log; every ISA this machine runs passes the kernel tests; `dtype=auto` from 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import subprocess
@@ -46,6 +47,8 @@ def test_flags_are_explicit_per_isa_with_extensions_where_the_cpu_has_them():
     assert "-mavx512bf16" in choose_isa("x86_64", XEON_AVX512_BF16, None).flags
     assert "-mavx512bf16" not in choose_isa("x86_64", SKYLAKE_X, None).flags
     assert "-mavx512vnni" in choose_isa("x86_64", SAPPHIRE_RAPIDS, None).flags
+    assert {"-mamx-tile", "-mamx-int8"} <= set(choose_isa("x86_64", SAPPHIRE_RAPIDS, None).flags)
+    assert "-mamx-int8" not in choose_isa("x86_64", XEON_AVX512_BF16, None).flags
     assert not any("march" in flag for flag in choose_isa("x86_64", SAPPHIRE_RAPIDS, None).flags)
     assert choose_isa("aarch64", GRAVITON3, None).flags == ("-march=armv8.2-a+dotprod",)
     assert choose_isa("aarch64", {"fp", "asimd"}, None).flags == ()  # a Cortex-A72
@@ -90,9 +93,61 @@ def test_each_isa_builds_into_its_own_folder():
 def test_describe_names_the_isa_or_why_the_kernels_are_off():
     assert cpu_build.Loaded("avx512", ("-mavx512f", "-mavx512bf16"), "").describe() == "avx512+bf16"
     assert cpu_build.Loaded("avx2", ("-mavx2",), "").describe() == "avx2"
+    amx = cpu_build.Loaded("avx512", ("-mavx512f", "-mavx512vnni", *cpu_build.AMX_FLAGS), "")
+    assert amx.describe() == "avx512+vnni+amx_tile+amx_int8"
+    assert cpu_build.Loaded("neon", ("-march=armv8.2-a+dotprod",), "").describe() == "neon+asimddp"
     assert cpu_build.Loaded(None, (), "RADIXFLOW_CPU_ISA=none").describe() == (
         "off (RADIXFLOW_CPU_ISA=none)"
     )
+
+
+def test_features_named_in_radixflow_cpu_without_are_left_out_of_the_build(monkeypatch):
+    monkeypatch.setattr(cpu_build, "cpu_flags", lambda: set(SAPPHIRE_RAPIDS))
+    monkeypatch.setattr(cpu_build, "cpu_arch", lambda: "x86_64")
+    monkeypatch.delenv("RADIXFLOW_CPU_ISA", raising=False)
+    assert "-mamx-int8" in cpu_build.current_choice().flags
+    monkeypatch.setenv("RADIXFLOW_CPU_WITHOUT", "amx_int8, avx512_vnni")
+    flags = cpu_build.current_choice().flags
+    assert "-mamx-int8" not in flags and "-mavx512vnni" not in flags and "-mamx-tile" in flags
+    monkeypatch.setenv("RADIXFLOW_CPU_WITHOUT", "avx512f")
+    assert cpu_build.current_choice().isa.name == "avx2"
+
+
+def test_amx_refused_by_linux_is_dropped_from_the_flags_with_a_warning(monkeypatch):
+    flags = ("-mavx512f", "-mavx512vnni", *cpu_build.AMX_FLAGS)
+    monkeypatch.setattr(cpu_build, "amx_granted", lambda: False)
+    with pytest.warns(RuntimeWarning, match="refused this process the tile state"):
+        assert cpu_build._granted(flags) == ("-mavx512f", "-mavx512vnni")
+    monkeypatch.setattr(cpu_build, "amx_granted", lambda: True)
+    assert cpu_build._granted(flags) == flags
+    # built with the tile flag only (RADIXFLOW_CPU_WITHOUT=amx_int8): no tiles, no warning
+    assert cpu_build._granted(("-mavx512f", "-mamx-tile")) == ("-mavx512f",)
+
+
+def _tile_state_granted() -> bool:
+    """Whether Linux has granted this process AMX's tile data (arch_prctl ARCH_GET_XCOMP_PERM,
+    bit 18: XFEATURE_XTILEDATA)."""
+    permitted = ctypes.c_uint64(0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    sys_arch_prctl, get_permission = 158, 0x1022
+    return libc.syscall(sys_arch_prctl, get_permission, ctypes.byref(permitted)) == 0 and bool(
+        permitted.value >> 18 & 1
+    )
+
+
+@pytest.mark.skipif(not cpu_build.cpu_kernels_available(), reason="no CPU kernels here")
+def test_the_int8_matmul_runs_on_amx_tiles_where_the_cpu_has_them():
+    """A CPU reporting AMX-TILE and AMX-INT8 runs the int8-activation matmul on tiles once
+    Linux grants the tile state (tests/test_kernels_quant.py checks its bits against the vector
+    kernel's), and the log line names them; elsewhere the library says it does not."""
+    granted = cpu_build.amx_granted()
+    assert granted == ("amx_int8" in cpu_build.loaded().describe())
+    if not (
+        {"amx_tile", "amx_int8"} <= cpu_build.cpu_flags() and cpu_build.loaded().isa == "avx512"
+    ):
+        assert not granted
+        pytest.skip("this CPU has no AMX-INT8 (the int8 matmul runs on its vector kernels)")
+    assert granted == _tile_state_granted()
 
 
 @pytest.mark.skipif(not cpu_build.cpu_kernels_available(), reason="no CPU kernels here")
@@ -175,8 +230,9 @@ def test_kernel_tests_pass_on_every_lower_isa_this_cpu_runs(isa):
 @pytest.mark.slow
 def test_kernel_tests_pass_without_the_optional_extensions_this_cpu_has():
     """The best ISA built without the extensions it takes where a CPU has them (AVX512-VNNI and
-    -BF16, Arm's SDOT): the other code paths of the int8 dot products, which CPUs without
-    them (Skylake-X, older Arm cores) run, pass the kernel tests in a child process."""
+    -BF16, AMX, Arm's SDOT; `RADIXFLOW_CPU_WITHOUT`): the other code paths of the int8 dot
+    products, which CPUs without them (Skylake-X, Ice Lake, older Arm cores) run, pass the
+    kernel tests in a child process."""
     choice = cpu_build.current_choice()
     flags = cpu_build.cpu_flags()
     present = {
@@ -184,9 +240,14 @@ def test_kernel_tests_pass_without_the_optional_extensions_this_cpu_has():
     }
     if not present:
         pytest.skip("this CPU has none of its kernel ISA's optional extensions")
-    env = {**os.environ, "CPU_FLAGS": ",".join(sorted(flags - present))}
+    env = {**os.environ, "RADIXFLOW_CPU_WITHOUT": ",".join(sorted(present))}
     env.pop("RADIXFLOW_CPU_ISA", None)
-    run_kernel_tests(["tests/arm/drive.py"], env)
+    check = "from radixflow.kernels import cpu_build; print(cpu_build.loaded().describe())"
+    loaded = subprocess.run(
+        [sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert loaded.stdout.strip() == choice.isa.name, loaded.stderr[-2000:]
+    run_kernel_tests(["-m", "pytest"], env)
 
 
 def test_a_mac_reports_its_arm_features_through_sysctl(monkeypatch):

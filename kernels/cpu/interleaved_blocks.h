@@ -37,6 +37,7 @@
 #include <cstring>
 #include <vector>
 
+#include "amx_int8.h"
 #include "quant_blocks.h"
 #include "row_lanes.h"
 
@@ -65,7 +66,10 @@ struct Q4Rows {
   using Plain = Q4<kHasMin_>;
   static constexpr bool kNibbles = true, kHasOffset = true, kHasMin = kHasMin_;
   static constexpr bool kPlainTail = true;
-  static constexpr int kCodeBytes = 256;  // then the d, then (q4_1) the m
+  // AMX tiles take its blocks (amx_int8.h: tile_unit); codes unsigned; the offset term adds
+  // m s_x (not -m s_x)
+  static constexpr bool kTileBlocks = true, kSignedCodes = false, kNegatedOffset = false;
+  static constexpr int kTileValues = kBlock, kCodeBytes = 256;  // then the d, then (q4_1) the m
   static rows16::Floats offsets(const uint8_t* block, rows16::Floats d) {
     return kHasMin_ ? rows16::halves(block + kCodeBytes + 32)
                     : rows16::mul(d, rows16::splat(-8.0f));
@@ -74,15 +78,40 @@ struct Q4Rows {
   static void group(const uint8_t* g, int64_t blocks, const X& x, float* sums) {
     group_rows<Q4Rows, M, X>(g, blocks, x, sums);
   }
+  // Block b of a group as AMX tiles read it (amx_int8.h), and where it lies in a row of x:
+  // chunk c's low nibbles are codes 4c..4c+3 of each row, its high ones 16 + 4c..19 + 4c;
+  // scale d, offset m (group_rows' terms).
+  static int64_t tile_unit(const uint8_t* group, int64_t b, uint8_t* operand,
+                           rows16::Floats* scale, rows16::Floats* offset) {
+    using namespace rows16;
+    const uint8_t* block = group + b * kGroupRows * Plain::kBytes;
+    for (int c = 0; c < 4; ++c) {
+      const Codes codes = load_codes(block + 64 * c);
+      store_codes(operand + 64 * c, low(codes));
+      store_codes(operand + 64 * (4 + c), high(codes));
+    }
+    *scale = halves(block + kCodeBytes);
+    *offset = offsets(block, *scale);
+    return b * kBlock;
+  }
 };
 
 struct Q8Rows {
   using Plain = Q8;
   static constexpr bool kNibbles = false, kHasOffset = false, kPlainTail = true;
-  static constexpr int kCodeBytes = 512;
+  static constexpr bool kTileBlocks = true, kSignedCodes = true, kNegatedOffset = false;
+  static constexpr int kTileValues = kBlock, kCodeBytes = 512;
   template <int M, typename X>
   static void group(const uint8_t* g, int64_t blocks, const X& x, float* sums) {
     group_rows<Q8Rows, M, X>(g, blocks, x, sums);
+  }
+  // Block b of a group as AMX tiles read it: its 8 chunks are the operand as they lie; scale d.
+  static int64_t tile_unit(const uint8_t* group, int64_t b, uint8_t* operand,
+                           rows16::Floats* scale, rows16::Floats*) {
+    const uint8_t* block = group + b * kGroupRows * Plain::kBytes;
+    std::memcpy(operand, block, kCodeBytes);
+    *scale = rows16::halves(block + kCodeBytes);
+    return b * kBlock;
   }
 };
 
@@ -178,8 +207,26 @@ GroupFn<X> group_fn(int64_t m) {
   }
 }
 
+constexpr int kTileMultiplyRows = 16;  // rows of x per AMX tile multiply
+// Rows of x from which AMX runs: a group's operands are made once for all of them (fewer run
+// no faster than the vector kernel: docs/benchmarks.md)
+constexpr int64_t kMinTiledRows = 64;
+
+// Whether rows of x of type X against Fmt's groups run on AMX tiles (amx_int8.h) here: int8
+// x, a format that describes its tile units (kTileBlocks), a build with AMX and a process
+// granted the tiles.
+template <typename Fmt, typename X>
+bool on_tiles() {
+#if defined(RADIXFLOW_AMX_INT8)
+  if constexpr (std::is_same_v<X, Int8X> && Fmt::kTileBlocks) return amx::usable();
+#endif
+  return false;
+}
+
 // y [M, N] (row stride ldy) = x [M, K] W^T (+ bias), W interleaved (above), x a FloatX or an
 // Int8X: threaded over groups, each group running every tile of x while its blocks are in L1.
+// With AMX (`on_tiles`) and kMinTiledRows or more, int8 x runs 16 rows per tile multiply, the
+// rows past the last 16 on the vector kernel (the same bits either way).
 template <typename Fmt, typename X, typename Out>
 void interleaved_matmul(const Packed& p, const X& x, int64_t m, const Out* bias, Out* y,
                         int64_t ldy) {
@@ -208,7 +255,10 @@ void interleaved_matmul(const Packed& p, const X& x, int64_t m, const Out* bias,
     }
   }();
   using Lanes = decltype(lanes);
-  const int64_t full = m / kTileRows, rest = m % kTileRows, tiles = full + (rest > 0);
+  const int64_t tiled =
+      m >= kMinTiledRows && on_tiles<Fmt, X>() ? m / kTileMultiplyRows * kTileMultiplyRows : 0;
+  const int64_t full = (m - tiled) / kTileRows, rest = (m - tiled) % kTileRows;
+  const int64_t tiles = tiled / kTileMultiplyRows + full + (rest > 0);
   const GroupFn<Lanes> whole = group_fn<Fmt, Lanes>(kTileRows);
   const GroupFn<Lanes> part = group_fn<Fmt, Lanes>(rest);
   const int64_t group_bytes = kGroupRows * p.row_bytes;
@@ -216,19 +266,41 @@ void interleaved_matmul(const Packed& p, const X& x, int64_t m, const Out* bias,
   const int64_t grain = std::max<int64_t>(1, 16384 / (group_bytes * tiles));
   parallel_chunks((groups + grain - 1) / grain, [&](int64_t chunk) {
     float sums[kTileRows * kGroupRows];
-    const int64_t end = std::min(groups, (chunk + 1) * grain);
-    for (int64_t g = chunk * grain; g < end; ++g) {
-      const int64_t n0 = g * kGroupRows;
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t rows = t < full ? kTileRows : rest;
-        (t < full ? whole : part)(p.w + g * group_bytes, blocks, lanes.from(t * kTileRows), sums);
-        for (int64_t i = 0; i < rows; ++i) {
-          Out* out = y + (t * kTileRows + i) * ldy + n0;
-          for (int r = 0; r < kGroupRows; ++r) {
-            const float b = bias ? static_cast<float>(bias[n0 + r]) : 0.0f;
-            out[r] = Out(sums[i * kGroupRows + r] + b);
-          }
+    const auto emit = [&](const float* from, int64_t row0, int64_t rows, int64_t n0) {
+      for (int64_t i = 0; i < rows; ++i) {
+        Out* out = y + (row0 + i) * ldy + n0;
+        for (int r = 0; r < kGroupRows; ++r) {
+          const float b = bias ? static_cast<float>(bias[n0 + r]) : 0.0f;
+          out[r] = Out(from[i * kGroupRows + r] + b);
         }
+      }
+    };
+    const int64_t end = std::min(groups, (chunk + 1) * grain);
+#if defined(RADIXFLOW_AMX_INT8)
+    if constexpr (std::is_same_v<X, Int8X> && Fmt::kTileBlocks) {
+      if (tiled > 0) {
+        // per group: passes of its units, each read by every 16 rows of x into their sums
+        const amx::TileScope<Fmt::kTileValues> scope;
+        amx::GroupOperands<Fmt> ops;
+        std::vector<float> acc(tiled * kGroupRows);
+        const int64_t units = blocks * kBlock / Fmt::kTileValues;
+        for (int64_t g = chunk * grain; g < end; ++g) {
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          for (int64_t u = 0; u < units; u += amx::kPassUnits) {
+            ops.load(p.w + g * group_bytes, u, std::min<int64_t>(amx::kPassUnits, units - u));
+            for (int64_t row0 = 0; row0 < tiled; row0 += kTileMultiplyRows)
+              amx::accumulate<Fmt>(ops, blocks, lanes.from(row0), acc.data() + row0 * kGroupRows);
+          }
+          emit(acc.data(), 0, tiled, g * kGroupRows);
+        }
+      }
+    }
+#endif
+    for (int64_t g = chunk * grain; g < end && tiled < m; ++g) {
+      for (int64_t t = 0; t < full + (rest > 0); ++t) {
+        const int64_t row0 = tiled + t * kTileRows;
+        (t < full ? whole : part)(p.w + g * group_bytes, blocks, lanes.from(row0), sums);
+        emit(sums, row0, t < full ? kTileRows : rest, g * kGroupRows);
       }
     }
   });

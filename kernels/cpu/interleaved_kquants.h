@@ -56,7 +56,9 @@ inline float x_unit(const X& x, int64_t i) {
 }
 
 struct Q4KRows {
-  static constexpr bool kPlainTail = false;
+  static constexpr bool kPlainTail = false, kTileBlocks = true;
+  static constexpr bool kHasOffset = true, kSignedCodes = false, kNegatedOffset = true;
+  static constexpr int kTileValues = kBlock;  // AMX's unit (amx_int8.h): a sub-block
   static constexpr int kSubBlocks = 8;     // blocks of 32 per super-block
   static constexpr int kPlainBytes = 144;  // one row's super-block
   static constexpr Part kParts[] = {{16, 128, 4}, {0, 2, 2}, {2, 2, 2}, {4, 12, 4}};
@@ -132,10 +134,30 @@ struct Q4KRows {
     }
     for (int m = 0; m < M; ++m) store(sums + m * kGroupRows, acc[m]);
   }
+
+  // Block b (of 32) of a group as AMX tiles read it (amx_int8.h), and where it lies in a row
+  // of x: sub-block b % 8's codes in its super-block's chunks (chunk i: codes 4i..4i+3 of each
+  // row), the terms of `group`: scale d scale_sub, offset dmin min_sub (taken with -s_x).
+  static int64_t tile_unit(const uint8_t* group, int64_t b, uint8_t* operand,
+                           rows16::Floats* scale, rows16::Floats* offset) {
+    using namespace rows16;
+    const uint8_t* block = group + b / kSubBlocks * kGroupBytes;
+    const int sub = b % kSubBlocks;
+    for (int i = 0; i < 8; ++i) {
+      const Codes all = load_codes(block + kCodes + 64 * (8 * (sub / 2) + i));
+      store_codes(operand + 64 * i, sub % 2 ? high(all) : low(all));
+    }
+    const Pairs pairs(block);
+    *scale = mul(halves(block + kD), code_floats(pairs.scales[sub / 4], sub % 4));
+    *offset = mul(halves(block + kDmin), code_floats(pairs.mins[sub / 4], sub % 4));
+    return b * kBlock;
+  }
 };
 
 struct Q6KRows {
-  static constexpr bool kPlainTail = false;
+  static constexpr bool kPlainTail = false, kTileBlocks = true;
+  static constexpr bool kHasOffset = false, kSignedCodes = true, kNegatedOffset = false;
+  static constexpr int kTileValues = 16;  // AMX's unit (amx_int8.h): a sub-block of 16
   static constexpr int kBlocks = 8;        // blocks of 32 of x per super-block
   static constexpr int kPlainBytes = 210;  // one row's super-block
   static constexpr Part kParts[] = {{0, 128, 4}, {128, 64, 4}, {192, 16, 4}, {208, 2, 2}};
@@ -240,6 +262,22 @@ struct Q6KRows {
       }
     }
     for (int m = 0; m < M; ++m) store(sums + m * kGroupRows, acc[m]);
+  }
+
+  // Unit u (of 16 weights) of a group as AMX tiles read it (amx_int8.h), in `group`'s order
+  // (per super-block: half h, part, column i), and where it lies in a row of x: the codes of
+  // part `part` of column i (chunks 4 part..4 part + 3), scale d scale_sub.
+  static int64_t tile_unit(const uint8_t* group, int64_t u, uint8_t* operand,
+                           rows16::Floats* scale, rows16::Floats*) {
+    using namespace rows16;
+    const uint8_t* block = group + u / 16 * kGroupBytes;
+    const int h = u % 16 / 8, part = u % 8 / 4, i = u % 4;
+    for (int c = 4 * part; c < 4 * part + 4; ++c)
+      store_codes(operand + 64 * (c - 4 * part), codes(block, h, i, c));
+    const int sub = 8 * h + 2 * i + part;
+    *scale = mul(halves(block + kD),
+                 signed_floats(load_codes(block + kScales + 64 * (sub / 4)), sub % 4));
+    return (u / 16 * kBlocks + 4 * h + i) * kBlock + 16 * part;
   }
 };
 

@@ -13,7 +13,8 @@
 //     q?_?x16, M as above       interleaved_blocks.h's interleaved_matmul: one row per vector
 //                               lane, the same tiles, batch invariant, x in fp32 or int8
 //                               (q4_kx16, q6_kx16: their rows past the last group as one
-//                               zero-padded group)
+//                               zero-padded group); int8 x from 64 rows on AMX tiles where the
+//                               CPU has AMX-INT8 (amx_int8.h: the same bits)
 //     q4_k q6_k, M <= 8         each 256-weight block decoded to int8 q, a scale s and an
 //                               offset o per 16 weights (w = s q + o, as ggml) in an L1 scratch,
 //                               then acc[r][m] = fma(w_r, x[m, k:k+kLanes], acc[r][m])
@@ -420,12 +421,22 @@ void quant_linear(const at::Tensor& x, const at::Tensor& packed, const std::stri
               "; expected q8_0, q4_0, q4_1, q8_0x16, q4_0x16, q4_1x16, q4_kx16, q6_kx16, q4_k or q6_k");
 }
 
+// Whether the int8-activation matmul runs on AMX tiles in this process (amx_int8.h).
+bool amx_tiles() {
+#if defined(RADIXFLOW_AMX_INT8)
+  return radixflow_cpu::amx::usable();
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixflow_cpu, m) {
   m.def(
       "quant_linear(Tensor x, Tensor packed, str qtype, int k, Tensor? bias, Tensor(a!) out, "
       "bool int8_activations=False) -> ()");
+  m.def("amx_tiles() -> bool", &amx_tiles);
 }
 
 TORCH_LIBRARY_IMPL(radixflow_cpu, CPU, m) { m.impl("quant_linear", &quant_linear); }

@@ -5,6 +5,7 @@
 //     Ints                  16 int32 lanes, one per row
 //     Floats                16 fp32 lanes, one per row
 //     load_codes(p)         64 bytes
+//     store_codes(p, c)     64 bytes stored
 //     low(c) high(c)        their low / high nibbles (0..15), in place of each byte
 //     masked(c, s, mask)    (byte >> s) & mask for each byte (s < 8)
 //     raised(c, s, mask)    (byte << s) & mask for each byte (s < 8)
@@ -52,6 +53,7 @@ struct Floats {
 };
 
 inline Codes load_codes(const uint8_t* p) { return {_mm512_loadu_si512(p)}; }
+inline void store_codes(uint8_t* p, Codes c) { _mm512_storeu_si512(p, c.v); }
 inline Codes low(Codes c) { return {_mm512_and_si512(c.v, _mm512_set1_epi8(0x0F))}; }
 inline Codes high(Codes c) {
   return {_mm512_and_si512(_mm512_srli_epi16(c.v, 4), _mm512_set1_epi8(0x0F))};
@@ -121,6 +123,10 @@ struct Floats {
 inline Codes load_codes(const uint8_t* p) {
   return {{_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))}};
+}
+inline void store_codes(uint8_t* p, Codes c) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), c.v[0]);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 32), c.v[1]);
 }
 inline Codes low(Codes c) {
   const __m256i mask = _mm256_set1_epi8(0x0F);
@@ -213,6 +219,9 @@ struct Floats {
 
 inline Codes load_codes(const uint8_t* p) {
   return {{vld1q_u8(p), vld1q_u8(p + 16), vld1q_u8(p + 32), vld1q_u8(p + 48)}};
+}
+inline void store_codes(uint8_t* p, Codes c) {
+  for (int i = 0; i < 4; ++i) vst1q_u8(p + 16 * i, c.v[i]);
 }
 inline Codes low(Codes c) {
   const uint8x16_t mask = vdupq_n_u8(0x0F);

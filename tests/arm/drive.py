@@ -1,7 +1,6 @@
 """pytest with the CPU feature flags named in CPU_FLAGS (comma-separated /proc/cpuinfo names,
 e.g. `asimd,asimddp`) instead of the CPU's own: on aarch64 under qemu-user, which shows the
-host's /proc/cpuinfo (tests/arm/run_under_qemu.sh), and on x86 to build the kernels without an
-ISA's optional extensions (tests/test_cpu_isa.py). Arguments go to pytest."""
+host's /proc/cpuinfo (tests/arm/run_under_qemu.sh). Arguments go to pytest."""
 
 import os
 import sys
