@@ -70,6 +70,10 @@ struct Q4Rows {
   // m s_x (not -m s_x)
   static constexpr bool kTileBlocks = true, kSignedCodes = false, kNegatedOffset = false;
   static constexpr int kTileValues = kBlock, kCodeBytes = 256;  // then the d, then (q4_1) the m
+  // rows of x from which tiles beat the vector kernel (docs/benchmarks.md): a group's operands
+  // are made once for all of them, and a nibble format's fp32 steps dominate both (q8_0 and
+  // q6_k from 16 rows)
+  static constexpr int64_t kTiledFromRows = 64;
   static rows16::Floats offsets(const uint8_t* block, rows16::Floats d) {
     return kHasMin_ ? rows16::halves(block + kCodeBytes + 32)
                     : rows16::mul(d, rows16::splat(-8.0f));
@@ -101,6 +105,7 @@ struct Q8Rows {
   static constexpr bool kNibbles = false, kHasOffset = false, kPlainTail = true;
   static constexpr bool kTileBlocks = true, kSignedCodes = true, kNegatedOffset = false;
   static constexpr int kTileValues = kBlock, kCodeBytes = 512;
+  static constexpr int64_t kTiledFromRows = 16;
   template <int M, typename X>
   static void group(const uint8_t* g, int64_t blocks, const X& x, float* sums) {
     group_rows<Q8Rows, M, X>(g, blocks, x, sums);
@@ -208,9 +213,6 @@ GroupFn<X> group_fn(int64_t m) {
 }
 
 constexpr int kTileMultiplyRows = 16;  // rows of x per AMX tile multiply
-// Rows of x from which AMX runs: a group's operands are made once for all of them (fewer run
-// no faster than the vector kernel: docs/benchmarks.md)
-constexpr int64_t kMinTiledRows = 64;
 
 // Whether rows of x of type X against Fmt's groups run on AMX tiles (amx_int8.h) here: int8
 // x, a format that describes its tile units (kTileBlocks), a build with AMX and a process
@@ -225,8 +227,8 @@ bool on_tiles() {
 
 // y [M, N] (row stride ldy) = x [M, K] W^T (+ bias), W interleaved (above), x a FloatX or an
 // Int8X: threaded over groups, each group running every tile of x while its blocks are in L1.
-// With AMX (`on_tiles`) and kMinTiledRows or more, int8 x runs 16 rows per tile multiply, the
-// rows past the last 16 on the vector kernel (the same bits either way).
+// With AMX (`on_tiles`) and Fmt::kTiledFromRows or more, int8 x runs 16 rows per tile multiply,
+// the rows past the last 16 on the vector kernel (the same bits either way).
 template <typename Fmt, typename X, typename Out>
 void interleaved_matmul(const Packed& p, const X& x, int64_t m, const Out* bias, Out* y,
                         int64_t ldy) {
@@ -255,8 +257,8 @@ void interleaved_matmul(const Packed& p, const X& x, int64_t m, const Out* bias,
     }
   }();
   using Lanes = decltype(lanes);
-  const int64_t tiled =
-      m >= kMinTiledRows && on_tiles<Fmt, X>() ? m / kTileMultiplyRows * kTileMultiplyRows : 0;
+  const bool tiles_here = m >= Fmt::kTiledFromRows && on_tiles<Fmt, X>();
+  const int64_t tiled = tiles_here ? m / kTileMultiplyRows * kTileMultiplyRows : 0;
   const int64_t full = (m - tiled) / kTileRows, rest = (m - tiled) % kTileRows;
   const int64_t tiles = tiled / kTileMultiplyRows + full + (rest > 0);
   const GroupFn<Lanes> whole = group_fn<Fmt, Lanes>(kTileRows);

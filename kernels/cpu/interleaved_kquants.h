@@ -59,6 +59,7 @@ struct Q4KRows {
   static constexpr bool kPlainTail = false, kTileBlocks = true;
   static constexpr bool kHasOffset = true, kSignedCodes = false, kNegatedOffset = true;
   static constexpr int kTileValues = kBlock;  // AMX's unit (amx_int8.h): a sub-block
+  static constexpr int64_t kTiledFromRows = 64;  // as Q4Rows
   static constexpr int kSubBlocks = 8;     // blocks of 32 per super-block
   static constexpr int kPlainBytes = 144;  // one row's super-block
   static constexpr Part kParts[] = {{16, 128, 4}, {0, 2, 2}, {2, 2, 2}, {4, 12, 4}};
@@ -158,6 +159,7 @@ struct Q6KRows {
   static constexpr bool kPlainTail = false, kTileBlocks = true;
   static constexpr bool kHasOffset = false, kSignedCodes = true, kNegatedOffset = false;
   static constexpr int kTileValues = 16;  // AMX's unit (amx_int8.h): a sub-block of 16
+  static constexpr int64_t kTiledFromRows = 16;
   static constexpr int kBlocks = 8;        // blocks of 32 of x per super-block
   static constexpr int kPlainBytes = 210;  // one row's super-block
   static constexpr Part kParts[] = {{0, 128, 4}, {128, 64, 4}, {192, 16, 4}, {208, 2, 2}};
