@@ -113,7 +113,7 @@ RADIXFLOW_AMX_MULTIPLY(3, 4, 5)
 #undef RADIXFLOW_AMX_MULTIPLY
 
 // 16 rows of x (X: blocks::Int8X, from its first row; `blocks` of 32 per row) against the
-// units of one pass (`ops`, loaded), added to acc[m * 16 + r] (row m of x, weight row r; zero
+// units of one pass (`ops`, loaded), added to sums[m * 16 + r] (row m of x, weight row r; zero
 // before a group's first pass). Needs a TileScope<Fmt::kTileValues> on this thread.
 template <typename Fmt, typename X>
 void accumulate(const GroupOperands<Fmt>& ops, int64_t blocks, const X& x, float* sums) {

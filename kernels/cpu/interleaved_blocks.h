@@ -66,9 +66,9 @@ struct Q4Rows {
   using Plain = Q4<kHasMin_>;
   static constexpr bool kNibbles = true, kHasOffset = true, kHasMin = kHasMin_;
   static constexpr bool kPlainTail = true;
-  // AMX tiles take its blocks (amx_int8.h: tile_unit); codes unsigned; the offset term adds
-  // m s_x (not -m s_x)
-  static constexpr bool kTileBlocks = true, kSignedCodes = false, kNegatedOffset = false;
+  // for AMX tiles (amx_int8.h: tile_unit): codes unsigned; the offset term adds m s_x (not
+  // -m s_x)
+  static constexpr bool kSignedCodes = false, kNegatedOffset = false;
   static constexpr int kTileValues = kBlock, kCodeBytes = 256;  // then the d, then (q4_1) the m
   // rows of x from which tiles beat the vector kernel (docs/benchmarks.md): a group's operands
   // are made once for all of them, and a nibble format's fp32 steps dominate both (q8_0 and
@@ -103,7 +103,7 @@ struct Q4Rows {
 struct Q8Rows {
   using Plain = Q8;
   static constexpr bool kNibbles = false, kHasOffset = false, kPlainTail = true;
-  static constexpr bool kTileBlocks = true, kSignedCodes = true, kNegatedOffset = false;
+  static constexpr bool kSignedCodes = true, kNegatedOffset = false;
   static constexpr int kTileValues = kBlock, kCodeBytes = 512;
   static constexpr int64_t kTiledFromRows = 16;
   template <int M, typename X>
@@ -214,13 +214,12 @@ GroupFn<X> group_fn(int64_t m) {
 
 constexpr int kTileMultiplyRows = 16;  // rows of x per AMX tile multiply
 
-// Whether rows of x of type X against Fmt's groups run on AMX tiles (amx_int8.h) here: int8
-// x, a format that describes its tile units (kTileBlocks), a build with AMX and a process
-// granted the tiles.
-template <typename Fmt, typename X>
+// Whether rows of x of type X run on AMX tiles (amx_int8.h) here: int8 x, a build with AMX and
+// a process granted the tiles.
+template <typename X>
 bool on_tiles() {
 #if defined(RADIXFLOW_AMX_INT8)
-  if constexpr (std::is_same_v<X, Int8X> && Fmt::kTileBlocks) return amx::usable();
+  if constexpr (std::is_same_v<X, Int8X>) return amx::usable();
 #endif
   return false;
 }
@@ -257,7 +256,7 @@ void interleaved_matmul(const Packed& p, const X& x, int64_t m, const Out* bias,
     }
   }();
   using Lanes = decltype(lanes);
-  const bool tiles_here = m >= Fmt::kTiledFromRows && on_tiles<Fmt, X>();
+  const bool tiles_here = m >= Fmt::kTiledFromRows && on_tiles<X>();
   const int64_t tiled = tiles_here ? m / kTileMultiplyRows * kTileMultiplyRows : 0;
   const int64_t full = (m - tiled) / kTileRows, rest = (m - tiled) % kTileRows;
   const int64_t tiles = tiled / kTileMultiplyRows + full + (rest > 0);
@@ -279,7 +278,7 @@ void interleaved_matmul(const Packed& p, const X& x, int64_t m, const Out* bias,
     };
     const int64_t end = std::min(groups, (chunk + 1) * grain);
 #if defined(RADIXFLOW_AMX_INT8)
-    if constexpr (std::is_same_v<X, Int8X> && Fmt::kTileBlocks) {
+    if constexpr (std::is_same_v<X, Int8X>) {
       if (tiled > 0) {
         // per group: passes of its units, each read by every 16 rows of x into their sums
         const amx::TileScope<Fmt::kTileValues> scope;

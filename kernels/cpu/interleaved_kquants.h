@@ -56,7 +56,7 @@ inline float x_unit(const X& x, int64_t i) {
 }
 
 struct Q4KRows {
-  static constexpr bool kPlainTail = false, kTileBlocks = true;
+  static constexpr bool kPlainTail = false;
   static constexpr bool kHasOffset = true, kSignedCodes = false, kNegatedOffset = true;
   static constexpr int kTileValues = kBlock;  // AMX's unit (amx_int8.h): a sub-block
   static constexpr int64_t kTiledFromRows = 64;  // as Q4Rows
@@ -156,7 +156,7 @@ struct Q4KRows {
 };
 
 struct Q6KRows {
-  static constexpr bool kPlainTail = false, kTileBlocks = true;
+  static constexpr bool kPlainTail = false;
   static constexpr bool kHasOffset = false, kSignedCodes = true, kNegatedOffset = false;
   static constexpr int kTileValues = 16;  // AMX's unit (amx_int8.h): a sub-block of 16
   static constexpr int64_t kTiledFromRows = 16;
