@@ -282,7 +282,7 @@ class EarleyParser:
         self.expected: list[tuple[int, ...]] = []
         self.accepting: list[bool] = []
         self.next: list[dict[int, int]] = []
-        native = dfa_rows()
+        self._native = native = dfa_rows()
         if native is not None:  # dicts and tuples of ints, untracked as they are made
             native.untrack_lists(self.waiting, self.expected, self.accepting, self.next)
         self._interned: dict[tuple, int] = {}  # sorted seed items -> set number
@@ -311,6 +311,12 @@ class EarleyParser:
         if got is not None:
             return got
         me = len(self.waiting)  # this set's number once kept
+        if self._native is not None:  # the same set, in C (`dfa_rows.earley_closure`)
+            kept, expected, accepting = self._native.earley_closure(
+                key, me, self.rules, self.by_lhs, self.nullable, self.T, self.waiting,
+                int(min(self.budget.limit("max_earley_items"), sys.maxsize)), self.budget,
+            )  # fmt: skip
+            return self._keep(key, kept, expected, accepting)
         seen: set[tuple] = set()
         completed: set[tuple] = set()  # (lhs, origin) pairs already completed
         agenda = [(r, d, me if o == _THIS_SET else o) for r, d, o in key]

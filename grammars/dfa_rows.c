@@ -709,6 +709,242 @@ end:
     return out;
 }
 
+/* An open-addressed set of (a, b, c) triples of longs (an Earley item, or (lhs, origin, 0)). */
+typedef struct {
+    long *keys; /* 3 per slot */
+    char *used;
+    Py_ssize_t n, cap; /* cap: a power of two */
+} Triples;
+
+static int triples_init(Triples *t, Py_ssize_t hint) {
+    t->cap = 64;
+    while (t->cap < 2 * hint) t->cap *= 2;
+    t->n = 0;
+    t->keys = malloc(3 * t->cap * sizeof(long));
+    t->used = calloc(t->cap, 1);
+    if (t->keys == NULL || t->used == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void triples_free(Triples *t) {
+    free(t->keys);
+    free(t->used);
+}
+
+static Py_ssize_t triples_slot(const Triples *t, long a, long b, long c) {
+    uint64_t h = (uint64_t)a * 0x9E3779B97F4A7C15ull ^ (uint64_t)b * 0xC2B2AE3D27D4EB4Full ^
+                 (uint64_t)c * 0x165667B19E3779F9ull;
+    Py_ssize_t i = (Py_ssize_t)((h ^ (h >> 29)) & (uint64_t)(t->cap - 1));
+    while (t->used[i]) {
+        const long *k = t->keys + 3 * i;
+        if (k[0] == a && k[1] == b && k[2] == c) return i;
+        i = (i + 1) & (t->cap - 1);
+    }
+    return i;
+}
+
+/* Adds (a, b, c): 1 when it is new, 0 when it was there, -1 on error. */
+static int triples_add(Triples *t, long a, long b, long c) {
+    if (2 * (t->n + 1) > t->cap) {
+        Triples big;
+        if (triples_init(&big, t->cap) < 0) return -1;
+        for (Py_ssize_t i = 0; i < t->cap; i++)
+            if (t->used[i]) {
+                const long *k = t->keys + 3 * i;
+                Py_ssize_t j = triples_slot(&big, k[0], k[1], k[2]);
+                big.used[j] = 1;
+                memcpy(big.keys + 3 * j, k, 3 * sizeof(long));
+            }
+        big.n = t->n;
+        triples_free(t);
+        *t = big;
+    }
+    Py_ssize_t i = triples_slot(t, a, b, c);
+    if (t->used[i]) return 0;
+    t->used[i] = 1;
+    long *k = t->keys + 3 * i;
+    k[0] = a, k[1] = b, k[2] = c;
+    t->n++;
+    return 1;
+}
+
+/* Pushes the items of tuple `items` ((rule, dot, origin) tuples) on `agenda`; -1 on error. */
+static int push_items(Longs *agenda, PyObject *items) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items); i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 3) {
+            PyErr_SetString(PyExc_TypeError, "earley_closure: items are (rule, dot, origin)");
+            return -1;
+        }
+        for (int k = 0; k < 3; k++) {
+            long x = PyLong_AsLong(PyTuple_GET_ITEM(item, k));
+            if (x == -1 && PyErr_Occurred()) return -1;
+            if (longs_push(agenda, x) < 0) return -1;
+        }
+    }
+    return 0;
+}
+
+/* An item tuple (r, d, origin), out of the collector's sight; a new reference. */
+static PyObject *item_tuple(long r, long d, long origin) {
+    PyObject *t = Py_BuildValue("(lll)", r, d, origin);
+    if (t != NULL) PyObject_GC_UnTrack(t);
+    return t;
+}
+
+/* earley_closure(seeds, me, rules, by_lhs, nullable, num_terminals, waiting, max_items, budget)
+ * -> (waiting, expected, accepting): `cfg.EarleyParser._closure`'s set (its twin, the same
+ * items in the same order) before it is kept: the items waiting for each symbol (a dict of
+ * untracked tuples), the terminals expected (a sorted tuple) and whether the set accepts.
+ * `seeds`: sorted (rule, dot, origin) tuples, origin -1 for set `me` itself; `rules`: a tuple
+ * of (lhs, rhs tuple), rule 0 the start rule; `by_lhs`: nonterminal -> tuple of rule numbers;
+ * `nullable`: a set of nonterminals; `waiting`: the chart's list of kept sets' dicts. Past
+ * `max_items` items `budget.check("max_earley_items", ...)` raises; `budget.check_time()` is
+ * called every CLOSURE_CHECK_EVERY items taken. */
+#define CLOSURE_CHECK_EVERY 4096 /* as cfg._CHECK_EVERY */
+static PyObject *earley_closure(PyObject *self, PyObject *args) {
+    PyObject *seeds, *rules, *by_lhs, *nullable, *chart, *budget;
+    long me, terminals, max_items;
+    if (!PyArg_ParseTuple(args, "O!lO!O!O!lO!lO", &PyTuple_Type, &seeds, &me, &PyTuple_Type,
+                          &rules, &PyDict_Type, &by_lhs, &PySet_Type, &nullable, &terminals,
+                          &PyList_Type, &chart, &max_items, &budget))
+        return NULL;
+    Longs agenda = {0}, expected = {0};
+    Triples seen = {0}, completed = {0};
+    PyObject *waiting = PyDict_New(), *kept = NULL, *out = NULL;
+    int accepting = 0;
+    long popped = 0;
+    if (waiting == NULL || triples_init(&seen, 64) < 0 || triples_init(&completed, 16) < 0 ||
+        push_items(&agenda, seeds) < 0)
+        goto end;
+    for (Py_ssize_t i = 2; i < agenda.n; i += 3)
+        if (agenda.v[i] == -1) agenda.v[i] = me;
+    const Py_ssize_t num_rules = PyTuple_GET_SIZE(rules);
+    while (agenda.n) {
+        agenda.n -= 3;
+        const long r = agenda.v[agenda.n], d = agenda.v[agenda.n + 1], origin = agenda.v[agenda.n + 2];
+        if (++popped % CLOSURE_CHECK_EVERY == 0) {
+            PyObject *ok = PyObject_CallMethodNoArgs(budget, s_check_time);
+            if (ok == NULL) goto end;
+            Py_DECREF(ok);
+        }
+        const int added = triples_add(&seen, r, d, origin);
+        if (added < 0) goto end;
+        if (!added) continue;
+        if (seen.n > max_items) {
+            PyObject *ok = PyObject_CallMethod(budget, "check", "sns", "max_earley_items",
+                                               seen.n, "items in one Earley set");
+            if (ok == NULL) goto end;
+            Py_DECREF(ok);
+        }
+        if (r < 0 || r >= num_rules) {
+            PyErr_Format(PyExc_ValueError, "earley_closure: rule %ld out of range", r);
+            goto end;
+        }
+        PyObject *rule = PyTuple_GET_ITEM(rules, r);
+        if (!PyTuple_CheckExact(rule) || PyTuple_GET_SIZE(rule) != 2 ||
+            !PyTuple_CheckExact(PyTuple_GET_ITEM(rule, 1))) {
+            PyErr_SetString(PyExc_TypeError, "earley_closure: rules are (lhs, tuple of symbols)");
+            goto end;
+        }
+        PyObject *rhs = PyTuple_GET_ITEM(rule, 1);
+        if (d < PyTuple_GET_SIZE(rhs)) {
+            PyObject *sym_obj = PyTuple_GET_ITEM(rhs, d);
+            const long sym = PyLong_AsLong(sym_obj);
+            if (sym == -1 && PyErr_Occurred()) goto end;
+            PyObject *list = PyDict_GetItemWithError(waiting, sym_obj), *item;
+            if (list == NULL) {
+                if (PyErr_Occurred() || (list = PyList_New(0)) == NULL) goto end;
+                int r2 = PyDict_SetItem(waiting, sym_obj, list);
+                Py_DECREF(list); /* the dict holds it */
+                if (r2 < 0) goto end;
+            }
+            if ((item = item_tuple(r, d + 1, origin)) == NULL) goto end;
+            int r3 = PyList_Append(list, item);
+            Py_DECREF(item);
+            if (r3 < 0) goto end;
+            if (sym < terminals) {
+                if (longs_push(&expected, sym) < 0) goto end;
+                continue;
+            }
+            PyObject *alts = PyDict_GetItemWithError(by_lhs, sym_obj);
+            if (alts == NULL && PyErr_Occurred()) goto end;
+            if (alts != NULL) {
+                if (!PyTuple_CheckExact(alts)) {
+                    PyErr_SetString(PyExc_TypeError, "earley_closure: by_lhs holds tuples");
+                    goto end;
+                }
+                for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(alts); i++) {
+                    long r2 = PyLong_AsLong(PyTuple_GET_ITEM(alts, i));
+                    if ((r2 == -1 && PyErr_Occurred()) || longs_push(&agenda, r2) < 0 ||
+                        longs_push(&agenda, 0) < 0 || longs_push(&agenda, me) < 0)
+                        goto end;
+                }
+            }
+            const int null = PySet_Contains(nullable, sym_obj);
+            if (null < 0) goto end;
+            if (null && (longs_push(&agenda, r) < 0 || longs_push(&agenda, d + 1) < 0 ||
+                         longs_push(&agenda, origin) < 0))
+                goto end;
+        } else if (r == 0) {
+            accepting = 1;
+        } else if (origin != me) {
+            /* Every rule of lhs completed from `origin` advances the same items there. */
+            PyObject *lhs = PyTuple_GET_ITEM(rule, 0);
+            const long lhs_num = PyLong_AsLong(lhs);
+            if (lhs_num == -1 && PyErr_Occurred()) goto end;
+            const int fresh = triples_add(&completed, lhs_num, origin, 0);
+            if (fresh < 0) goto end;
+            if (!fresh) continue;
+            if (origin < 0 || origin >= PyList_GET_SIZE(chart)) {
+                PyErr_Format(PyExc_ValueError, "earley_closure: origin %ld out of range", origin);
+                goto end;
+            }
+            PyObject *there = PyList_GET_ITEM(chart, origin);
+            PyObject *items = PyDict_Check(there) ? PyDict_GetItemWithError(there, lhs) : NULL;
+            if (items == NULL && PyErr_Occurred()) goto end;
+            if (items != NULL && (!PyTuple_CheckExact(items) || push_items(&agenda, items) < 0)) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_TypeError, "earley_closure: waiting holds tuples");
+                goto end;
+            }
+        }
+    }
+    /* The lists become untracked tuples in a new dict, which holding only those stays out of
+     * the collector's sight (a dict that ever held a list stays in it); the expected
+     * terminals a sorted tuple. */
+    if ((kept = PyDict_New()) == NULL) goto end;
+    Py_ssize_t pos = 0;
+    PyObject *sym, *list;
+    while (PyDict_Next(waiting, &pos, &sym, &list)) {
+        PyObject *t = PyList_AsTuple(list);
+        if (t == NULL) goto end;
+        PyObject_GC_UnTrack(t);
+        const int r4 = PyDict_SetItem(kept, sym, t);
+        Py_DECREF(t);
+        if (r4 < 0) goto end;
+    }
+    qsort(expected.v, expected.n, sizeof(long), cmp_long);
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < expected.n; i++)
+        if (m == 0 || expected.v[m - 1] != expected.v[i]) expected.v[m++] = expected.v[i];
+    PyObject *exp = tuple_of(NULL, expected.v, m);
+    if (exp == NULL) goto end;
+    PyObject_GC_UnTrack(exp);
+    out = Py_BuildValue("(ONO)", kept, exp, accepting ? Py_True : Py_False);
+end:
+    Py_XDECREF(waiting);
+    Py_XDECREF(kept);
+    free(agenda.v);
+    free(expected.v);
+    triples_free(&seen);
+    triples_free(&completed);
+    return out;
+}
+
 /* obj.nbytes += n; 0, or -1 on error */
 static int add_bytes(PyObject *obj, long n) {
     PyObject *had = PyObject_GetAttr(obj, s_nbytes), *x = PyLong_FromLong(n), *now = NULL;
@@ -2538,6 +2774,7 @@ static PyMethodDef methods[] = {
     {"untrack_made", untrack_made, METH_O, "Take an NFA's compile-time entries out of it."},
     {"untrack_lists", untrack_lists, METH_VARARGS, "Take lists of atoms out of it."},
     {"derivable", derivable, METH_VARARGS, "cfg._derivable: productive or nullable nonterminals."},
+    {"earley_closure", earley_closure, METH_VARARGS, "cfg.EarleyParser._closure's new set."},
     {"untracked", untracked, METH_O, "A tuple of atoms, out of the collector's sight."},
     {"end_walk", end_walk, METH_NOARGS, "End a trie walk: its callback's error or None."},
     {"walks_running", walks, METH_NOARGS, "Trie walks running, and fills and compiles held."},

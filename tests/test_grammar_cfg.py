@@ -211,3 +211,71 @@ def test_parser_keeps_productive_rules_and_finds_nullable_ones(seed, code, monke
     ]
     assert list(parser.rules[1:]) == kept
     assert parser.nullable == _fixpoint(parser.rules, lambda _s: False)
+
+
+def _chart(parser, max_sets: int = 400) -> tuple:
+    """Every Earley set reachable from the root by scans (breadth first, up to `max_sets`), as
+    the parser keeps them."""
+    todo, done = [parser.root], set()
+    while todo and len(done) < max_sets:
+        at = todo.pop(0)
+        if at in done:
+            continue
+        done.add(at)
+        todo += [n for t in parser.expected[at] if (n := parser.scan(at, t)) >= 0]
+    return parser.waiting, parser.expected, parser.accepting, parser.next
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_earley_sets_made_in_c_are_the_python_twins(seed, monkeypatch):
+    """The Earley closure in C (`dfa_rows.earley_closure`) makes the Python twin's sets, item
+    for item and in the same order, numbered alike: random BNF with epsilon rules, left and
+    right recursion, and a JSON grammar's."""
+    from radixflow.grammars import cfg
+    from radixflow.grammars.budget import GrammarBudget
+    from radixflow.grammars.cfg import BNF, EarleyParser
+    from radixflow.grammars.lark_import import lark_to_bnf
+
+    if cfg.dfa_rows() is None:
+        pytest.skip("the native rows are not built here (no C compiler, or turned off)")
+    rng = random.Random(seed)
+    if seed == 0:
+        bnf = lark_to_bnf((BUNDLED / "json.lark").read_text())
+    else:
+        names = ["start"] + [f"n{i}" for i in range(8)]
+        rules = [("start", (rng.choice(names[1:]),)), ("start", (0,))]
+        rules += [(n, (rng.randrange(3),)) for n in names[1:]]  # all productive
+        for _ in range(25):
+            rhs = tuple(rng.choice(names[1:] + [0, 1, 2]) for _ in range(rng.randrange(4)))
+            rules.append((rng.choice(names[1:]), rhs))
+        bnf = BNF([None] * 3, rules)
+    native = EarleyParser(bnf, len(bnf.terminals), GrammarBudget())
+    in_c = _chart(native)
+    monkeypatch.setattr(cfg, "dfa_rows", lambda: None)
+    python = EarleyParser(bnf, len(bnf.terminals), GrammarBudget())
+    assert python._native is None and native._native is not None
+    assert in_c == _chart(python)
+    assert len(in_c[0]) > 1  # scans made sets beyond the root
+
+
+def test_earley_closure_in_c_holds_to_the_item_budget():
+    """A set past `max_earley_items` raises the budget's error from C as from Python, and the
+    C closure names a malformed chart instead of crashing."""
+    from radixflow.grammars import cfg
+    from radixflow.grammars.budget import GrammarBudget, GrammarBudgetExceeded, GrammarLimits
+    from radixflow.grammars.cfg import BNF, EarleyParser
+
+    native = cfg.dfa_rows()
+    if native is None:
+        pytest.skip("the native rows are not built here (no C compiler, or turned off)")
+    # start -> a n_i for 50 nonterminals, each n_i -> b: 100+ items in the set after "a"
+    rules = [("start", (0, f"n{i}")) for i in range(50)] + [(f"n{i}", (1,)) for i in range(50)]
+    budget = GrammarBudget()
+    parser = EarleyParser(BNF([None, None], rules), 2, budget)
+    budget.bind(GrammarLimits(max_earley_items=20))
+    with pytest.raises(GrammarBudgetExceeded, match="items in one Earley set"):
+        parser.scan(parser.root, 0)
+    with pytest.raises(ValueError, match="rule 7 out of range"):
+        native.earley_closure(((7, 0, -1),), 0, ((-1, (2,)),), {}, set(), 2, [], 10, budget)
+    with pytest.raises(TypeError, match="items are"):
+        native.earley_closure(((7, 0),), 0, ((-1, (2,)),), {}, set(), 2, [], 10, budget)
