@@ -2314,6 +2314,43 @@ static int loaded_set(Loaded *l, PyObject *dfa) {
     return 0;
 }
 
+/* `LazyDFA.tags(v)` of the lexer loaded in `lx`, kept in its `_tags` (`kept`, a dict) as the
+ * Python method keeps them and charged to `c`: the tags of lexer state v's accepting NFA
+ * states, a borrowed tuple (the dict holds it), NULL on error. */
+static PyObject *lex_tags(Ctx *c, Loaded *lx, PyObject *kept, long v) {
+    PyObject *key = state_int(lx->d.ints, v), *got = NULL;
+    if (key == NULL) return NULL;
+    got = PyDict_GetItemWithError(kept, key);
+    if (got == NULL && !PyErr_Occurred()) {
+        PyObject *set = PyList_GetItem(lx->d.sets, v), *found = PyList_New(0), *t = NULL;
+        for (Py_ssize_t j = 0; set != NULL && found != NULL && j < PyTuple_GET_SIZE(set); j++) {
+            PyObject *tag = PyDict_GetItemWithError(lx->c.tags, PyTuple_GET_ITEM(set, j));
+            if (tag != NULL ? PyList_Append(found, tag) < 0 : PyErr_Occurred() != NULL) Py_CLEAR(found);
+        }
+        if (set != NULL && found != NULL && (t = PyList_AsTuple(found)) != NULL) {
+            untrack_atoms(t);
+            if (PyDict_SetItem(kept, key, t) == 0) {
+                got = t; /* the dict holds it */
+                c->table_bytes += tuple_base + tuple_item * PyTuple_GET_SIZE(t) + entry_bytes;
+            }
+        }
+        Py_XDECREF(found);
+        Py_XDECREF(t);
+    }
+    Py_DECREF(key);
+    return got;
+}
+
+/* The grammar automaton's lexer loaded in `l->lexer_rows` (made on first use); NULL on error. */
+static Loaded *lexer_loaded(Loaded *l) {
+    if (l->lexer_rows == NULL && (l->lexer_rows = calloc(1, sizeof(Loaded))) == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    Loaded *lx = l->lexer_rows;
+    return lx->dfa != l->lexer && loaded_set(lx, l->lexer) < 0 ? NULL : lx;
+}
+
 /* `GrammarAutomaton._lex_groups(lex)`'s entry, made in C: the lexer's row (`dfa_row` when not
  * made yet), its byte groups (`row_groups`) and whether none of its live targets ends a
  * terminal, each target's tags read until one does and kept in the lexer's `_tags` as
@@ -2325,11 +2362,9 @@ static PyObject *c_lex_groups(Ctx *c, Loaded *l, long lex) {
     PyObject *lexer = l->lexer, *pointers = NULL, *kept = NULL, *live = NULL;
     PyObject *inverse = NULL, *out = NULL;
     Py_buffer at = {0};
-    if (l->lexer_rows == NULL && (l->lexer_rows = calloc(1, sizeof(Loaded))) == NULL) return PyErr_NoMemory();
-    Loaded *lx = l->lexer_rows;
-    if (lx->dfa != lexer && loaded_set(lx, lexer) < 0) return NULL;
+    Loaded *lx = lexer_loaded(l);
+    if (lx == NULL) return NULL;
     Table d = lx->d;
-    PyObject *tags = lx->c.tags; /* the lexer NFA's (borrowed) */
     PyObject *made = PyList_GetItem(d.rows, lex); /* borrowed */
     if (made == NULL || (made == Py_None && dfa_row(lexer, lex, NULL, lx) < 0) ||
         (pointers = PyObject_GetAttr(d.states, s_pointers)) == NULL ||
@@ -2348,26 +2383,7 @@ static PyObject *c_lex_groups(Ctx *c, Loaded *l, long lex) {
         goto done;
     }
     for (int i = 0; i < n && inside; i++) {
-        PyObject *key = state_int(d.ints, sorted[i]), *got = NULL;
-        if (key == NULL) goto done;
-        got = PyDict_GetItemWithError(kept, key);
-        if (got == NULL && !PyErr_Occurred()) { /* `LazyDFA.tags(v)`: its accepting NFA states' tags */
-            PyObject *set = PyList_GetItem(d.sets, sorted[i]), *found = PyList_New(0), *t = NULL;
-            for (Py_ssize_t j = 0; set != NULL && found != NULL && j < PyTuple_GET_SIZE(set); j++) {
-                PyObject *tag = PyDict_GetItemWithError(tags, PyTuple_GET_ITEM(set, j));
-                if (tag != NULL ? PyList_Append(found, tag) < 0 : PyErr_Occurred() != NULL) Py_CLEAR(found);
-            }
-            if (set != NULL && found != NULL && (t = PyList_AsTuple(found)) != NULL) {
-                untrack_atoms(t);
-                if (PyDict_SetItem(kept, key, t) == 0) {
-                    got = t; /* the dict holds it */
-                    c->table_bytes += tuple_base + tuple_item * PyTuple_GET_SIZE(t) + entry_bytes;
-                }
-            }
-            Py_XDECREF(found);
-            Py_XDECREF(t);
-        }
-        Py_DECREF(key);
+        PyObject *got = lex_tags(c, lx, kept, sorted[i]);
         if (got == NULL) goto done;
         inside = PyTuple_GET_SIZE(got) == 0;
     }
@@ -2651,6 +2667,19 @@ static _Thread_local Loaded walk_loaded; /* what the walk's rows loaded of `walk
  * hence atomically */
 static long walks_running;
 
+/* Keeps the raised error (if any) as the walk's first (`end_walk` returns it). */
+static void keep_walk_error(void) {
+    if (!PyErr_Occurred()) return;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
+    if (walk_error == NULL && value != NULL) walk_error = Py_NewRef(value);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
 /* trie_walk.c's `fill`: computes `state`'s row (`dfa_row`, else `automaton.row(state)`) and
  * returns the rows' addresses as they are now (`automaton.row_pointers()`) with their number
  * in `*num_rows`, or 0 with the error kept for `end_walk`. `native_walk` calls the walk with the
@@ -2680,24 +2709,183 @@ static int64_t walk_fill(int32_t state, int64_t *num_rows) {
         PyBuffer_Release(&buf);
     }
     Py_XDECREF(rows);
-    if (out == 0 && PyErr_Occurred()) {
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyErr_NormalizeException(&type, &value, &tb);
-        if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
-        if (walk_error == NULL && value != NULL) walk_error = Py_NewRef(value);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(tb);
-    }
+    if (out == 0) keep_walk_error();
     PyGILState_Release(gil);
     return out;
 }
 
-/* begin_walk(automaton, rows, dfa) -> the address of `walk_fill`: the walk about to run on
- * this thread reads `rows` (automaton.row_pointers()) and calls back for the rows it lacks,
- * which `dfa_row` makes when `dfa` (`automaton.native_rows`: a regex automaton's LazyDFA, a
- * grammar automaton itself) is not None. */
+/* ---- the walk's pairs (trie_walk.c's `lexer_side`): a grammar automaton's lexer rows ---- */
+
+static _Thread_local PyObject *walk_lex_rows; /* the lexer rows' addresses the walk reads, held */
+
+/* The running walk's grammar automaton, loaded (`walk_loaded`); NULL with an error if the walk's
+ * automaton is not one whose rows C makes. */
+static Loaded *walk_grammar(void) {
+    if (walk_dfa == NULL || (walk_loaded.dfa != walk_dfa && loaded_set(&walk_loaded, walk_dfa) < 0))
+        return NULL;
+    if (walk_loaded.lexer == NULL) {
+        PyErr_SetString(PyExc_TypeError, "dfa_rows: a walk's pairs need a grammar automaton");
+        return NULL;
+    }
+    return &walk_loaded;
+}
+
+/* `lexer_side.single`: the lexer state of parser state `state` when it has one element (its
+ * Earley set in `*node`), -1 when not, -2 on error. */
+static int32_t side_single(int32_t state, int32_t *node) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int32_t out = -2;
+    Loaded *l = walk_grammar();
+    PyObject *elems = l == NULL ? NULL : PyList_GetItem(l->d.sets, state), *elem;
+    if (elems != NULL && !PyTuple_Check(elems)) {
+        PyErr_SetString(PyExc_TypeError, "dfa_rows: a parser state is not a tuple");
+    } else if (elems != NULL && PyTuple_GET_SIZE(elems) != 1) {
+        out = -1;
+    } else if (elems != NULL) {
+        elem = PyTuple_GET_ITEM(elems, 0);
+        long set = -1, lex = -1;
+        if (!PyTuple_Check(elem) || PyTuple_GET_SIZE(elem) != 3) {
+            PyErr_SetString(PyExc_TypeError, "dfa_rows: a parser element is not (node, lex, fresh)");
+        } else if (((set = PyLong_AsLong(PyTuple_GET_ITEM(elem, 0))) != -1 || !PyErr_Occurred()) &&
+                   ((lex = PyLong_AsLong(PyTuple_GET_ITEM(elem, 1))) != -1 || !PyErr_Occurred())) {
+            *node = (int32_t)set;
+            out = lex < 0 || set < 0 || lex > INT32_MAX || set > INT32_MAX ? -1 : (int32_t)lex;
+        }
+    }
+    if (out == -2) keep_walk_error();
+    PyGILState_Release(gil);
+    return out;
+}
+
+/* `lexer_side.lex_fill`: makes lexer state `lex`'s row where it is not made, then returns the
+ * lexer rows' addresses and their number (`*num_rows`); 0 on error. */
+static int64_t side_lex_fill(int32_t lex, int64_t *num_rows) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int64_t out = 0;
+    Loaded *l = walk_grammar(), *lx = l == NULL ? NULL : lexer_loaded(l);
+    PyObject *made = lx == NULL ? NULL : PyList_GetItem(lx->d.rows, lex), *rows = NULL;
+    if (made == Py_None) {
+        if (dfa_row(l->lexer, lex, &rows, lx) < 0) Py_CLEAR(rows);
+    } else if (made != NULL) {
+        rows = PyObject_GetAttr(lx->d.states, s_pointers);
+    }
+    Py_buffer buf;
+    if (rows != NULL && PyObject_GetBuffer(rows, &buf, PyBUF_C_CONTIGUOUS) == 0) {
+        *num_rows = buf.len / 8;
+        out = (int64_t)(intptr_t)buf.buf;
+        Py_XSETREF(walk_lex_rows, Py_NewRef(rows)); /* the address stays valid while held */
+        PyBuffer_Release(&buf);
+    }
+    Py_XDECREF(rows);
+    if (out == 0) keep_walk_error();
+    PyGILState_Release(gil);
+    return out;
+}
+
+/* Whether lexer state `lex` ends a terminal (`LazyDFA.tags`): 1, 0, or -1 on error. */
+static int lexer_ends(Loaded *l, long lex) {
+    Loaded *lx = lexer_loaded(l);
+    PyObject *kept = lx == NULL ? NULL : PyObject_GetAttr(l->lexer, s_tags_kept), *tags = NULL;
+    if (kept != NULL && PyDict_Check(kept)) {
+        l->c.nfa_bytes = l->c.table_bytes = 0;
+        tags = ctx_settle(&l->c, l->d.budget, Py_XNewRef(lex_tags(&l->c, lx, kept, lex)));
+    } else if (kept != NULL) {
+        PyErr_SetString(PyExc_TypeError, "dfa_rows: a lexer's tags are not dicts");
+    }
+    Py_XDECREF(kept);
+    const int out = tags == NULL ? -1 : PyTuple_GET_SIZE(tags) > 0;
+    Py_XDECREF(tags);
+    return out;
+}
+
+/* `lexer_side.ends` */
+static int side_ends(int32_t lex) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    Loaded *l = walk_grammar();
+    const int out = l == NULL ? -1 : lexer_ends(l, lex);
+    if (out < 0) keep_walk_error();
+    PyGILState_Release(gil);
+    return out;
+}
+
+/* `lexer_side.state_of`: the parser state of the pair (Earley set `node`, lexer state `lex`),
+ * as a parser row would make it from the element (node, lex'): the successors of `lex` there
+ * (`GrammarAutomaton._successors` where it ends a terminal, else the element itself) interned;
+ * -1 for none, -2 on error. */
+static int32_t side_state_of(int32_t node, int32_t lex) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    long out = ERR;
+    Loaded *l = walk_grammar();
+    const int ends = l == NULL ? -1 : lexer_ends(l, lex);
+    PyObject *set = ends < 0 ? NULL : PyLong_FromLong(node), *key = NULL;
+    PyObject *lex_states = NULL, *array = NULL;
+    Py_buffer flags = {0};
+    if (set != NULL && !ends) {
+        key = inside_successors(l->d.ints, set, lex);
+    } else if (set != NULL) {
+        PyObject *v = PyLong_FromLong(lex);
+        PyObject *args[] = {l->dfa, set, v};
+        key = v == NULL ? NULL : call(s_successors, args, 3);
+        Py_XDECREF(v);
+    }
+    if (key != NULL && !PyTuple_Check(key)) {
+        PyErr_SetString(PyExc_TypeError, "dfa_rows: successors are not a tuple");
+    } else if (key != NULL && PyTuple_GET_SIZE(key) == 0) {
+        out = -1;
+    } else if (key != NULL && (lex_states = PyObject_GetAttr(l->lexer, s_states)) != NULL &&
+               (array = PyObject_GetAttr(lex_states, s_any_text)) != NULL &&
+               PyObject_GetBuffer(array, &flags, PyBUF_C_CONTIGUOUS) == 0) {
+        l->c.nfa_bytes = l->c.table_bytes = 0;
+        out = c_intern_elems(&l->c, &l->d, key, &flags);
+        PyBuffer_Release(&flags);
+        if (ctx_flush(&l->c, l->d.budget) < 0) out = ERR;
+    }
+    Py_XDECREF(set);
+    Py_XDECREF(key);
+    Py_XDECREF(lex_states);
+    Py_XDECREF(array);
+    if (out > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "dfa_rows: a parser state past int32");
+        out = ERR;
+    }
+    if (out == ERR) keep_walk_error();
+    PyGILState_Release(gil);
+    return out == ERR ? -2 : (int32_t)out;
+}
+
+/* `lexer_side.any_text`: whether every string of text can be read from lexer state `lex` (the
+ * lexer's `any_text` flags): 1, 0, or -1 on error. */
+static int side_any_text(int32_t lex) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int out = -1;
+    Loaded *l = walk_grammar(), *lx = l == NULL ? NULL : lexer_loaded(l);
+    PyObject *array = lx == NULL ? NULL : PyObject_GetAttr(lx->d.states, s_any_text);
+    Py_buffer flags;
+    if (array != NULL && PyObject_GetBuffer(array, &flags, PyBUF_C_CONTIGUOUS) == 0) {
+        out = lex < flags.len && ((const uint8_t *)flags.buf)[lex];
+        PyBuffer_Release(&flags);
+    }
+    Py_XDECREF(array);
+    if (out < 0) keep_walk_error();
+    PyGILState_Release(gil);
+    return out;
+}
+
+struct lexer_side { /* trie_walk.c's */
+    int32_t (*single)(int32_t state, int32_t *node);
+    int64_t (*lex_fill)(int32_t lex, int64_t *num_rows);
+    int (*ends)(int32_t lex);
+    int32_t (*state_of)(int32_t node, int32_t lex);
+    int (*any_text)(int32_t lex);
+};
+static const struct lexer_side walk_side = {side_single, side_lex_fill, side_ends, side_state_of,
+                                            side_any_text};
+
+/* begin_walk(automaton, rows, dfa) -> (the address of `walk_fill`, of `walk_side` or 0): the
+ * walk about to run on this thread reads `rows` (automaton.row_pointers()) and calls back for
+ * the rows it lacks, which `dfa_row` makes when `dfa` (`automaton.native_rows`: a regex
+ * automaton's LazyDFA, a grammar automaton itself) is not None; for a grammar automaton the
+ * walk steps through its lexer's rows as pairs (`walk_side`, trie_walk.c's `lexer_side`). */
 static PyObject *begin_walk(PyObject *self, PyObject *args) {
     PyObject *automaton, *rows, *dfa;
     if (!PyArg_ParseTuple(args, "OOO", &automaton, &rows, &dfa)) return NULL;
@@ -2707,7 +2895,9 @@ static PyObject *begin_walk(PyObject *self, PyObject *args) {
     Py_CLEAR(walk_error);
     loaded_clear(&walk_loaded);
     __atomic_add_fetch(&walks_running, 1, __ATOMIC_RELAXED);
-    return PyLong_FromVoidPtr((void *)walk_fill);
+    const int grammar = dfa != Py_None && PyObject_HasAttr(dfa, s_lexer);
+    return Py_BuildValue("(NN)", PyLong_FromVoidPtr((void *)walk_fill),
+                         PyLong_FromVoidPtr(grammar ? (void *)&walk_side : NULL));
 }
 
 /* end_walk() -> the first error a callback of this thread's walk met, or None; lets go of the
@@ -2717,6 +2907,7 @@ static PyObject *end_walk(PyObject *self, PyObject *unused) {
     Py_CLEAR(walk_automaton);
     Py_CLEAR(walk_dfa);
     Py_CLEAR(walk_rows);
+    Py_CLEAR(walk_lex_rows);
     loaded_clear(&walk_loaded);
     PyObject *error = walk_error;
     walk_error = NULL;

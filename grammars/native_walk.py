@@ -43,7 +43,7 @@ TEXT_ROW_DIVISOR = 8
 _P = ctypes.c_void_p
 # int64_t fill(int32_t state, int64_t *num_rows): the rows' addresses once state's row is made
 _FILL = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int32, ctypes.POINTER(ctypes.c_int64))
-_ARGTYPES = (_P, ctypes.c_int64, _P, ctypes.c_int32, _P, _P, _FILL, _P)
+_ARGTYPES = (_P, ctypes.c_int64, _P, ctypes.c_int32, _P, _P, _FILL, _P, _P)
 
 
 def _load(lib: Path) -> Callable[..., int]:
@@ -260,21 +260,23 @@ def _c_fill(address: int) -> Callable[..., int]:
 def _walk(
     fn: Callable[..., int], args: tuple, cache: int, automaton: ByteAutomaton, rows: np.ndarray
 ) -> tuple[int, BaseException | None]:
-    """`fn(*args, fill, cache)`, with the row callback in C where `dfa_rows` is built (the
-    same steps as `_fill` without ctypes' conversions and Python frames), else `_fill`; returns
-    what the walk returned and the first error a callback met."""
+    """`fn(*args, fill, cache, lexer)`, with the row callback in C where `dfa_rows` is built
+    (the same steps as `_fill` without ctypes' conversions and Python frames), and for a
+    grammar automaton the callbacks that walk its lexer's rows as pairs (`lexer`, see
+    trie_walk.c), else `_fill` and no pairs; returns what the walk returned and the first
+    error a callback met."""
     native = dfa_rows()
     if native is not None:
-        fill = _c_fill(native.begin_walk(automaton, rows, automaton.native_rows))
+        fill, lexer = native.begin_walk(automaton, rows, automaton.native_rows)
         try:
-            steps = fn(*args, fill, cache)
+            steps = fn(*args, _c_fill(fill), cache, lexer or None)
         finally:
             error = native.end_walk()
         return steps, error
     walk = _WALK
     walk.automaton, walk.rows, walk.address, walk.error = automaton, rows, args[0], None
     try:
-        return fn(*args, _fill, cache), walk.error
+        return fn(*args, _fill, cache, None), walk.error
     finally:
         del walk.automaton, walk.rows
         walk.error = None

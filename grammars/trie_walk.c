@@ -24,7 +24,20 @@
  * bits are taken the same way, and the walk steps only down the text nodes above a rough root,
  * to give each rough root its parent's state (`absorb_any`).
  */
+/*
+ * A grammar automaton's lexer beside its parser states (`lexer_side`, NULL for other automata):
+ * a parser state of one element (Earley set `node`, lexer state `lex`) whose row is not made
+ * yet reads on as its lexer does, so the walk steps through the lexer's rows (shared by every
+ * Earley set) as pairs (node, lexer state) instead of making a parser state for each: most
+ * states of a first walk (each prefix of each name an object declares) are such pairs. A pair
+ * becomes its parser state (`state_of`) where its lexer state ends a terminal (the parser
+ * takes over) and where the node's subtree is large enough for the text shortcuts, which read
+ * parser states; `nodes[d]` is the pair's node at depth d, -1 where `states[d]` is a parser
+ * state. The mask is the same: the parser state of a pair whose lexer state ends no terminal
+ * is that one element, alive while the lexer state is.
+ */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define NOT_TEXT 255
@@ -64,6 +77,22 @@ struct text_cache {
 
 typedef int64_t (*fill_row)(int32_t state, int64_t *num_rows);
 
+struct lexer_side { /* dfa_rows.c's callbacks for the walk's grammar automaton */
+    /* the lexer state of a parser state with one element (its Earley set in `*node`), -1 when
+     * it has another number of elements, -2 on error */
+    int32_t (*single)(int32_t state, int32_t *node);
+    /* the lexer rows' addresses once `lex`'s row is made, their number in `*num_rows`; 0 on
+     * error */
+    int64_t (*lex_fill)(int32_t lex, int64_t *num_rows);
+    /* 1 where lexer state `lex` ends a terminal, 0 where not, -1 on error */
+    int (*ends)(int32_t lex);
+    /* the parser state the pair (node, lex) stands for, -2 on error */
+    int32_t (*state_of)(int32_t node, int32_t lex);
+    /* 1 where every string of text can be read from lexer state `lex`, 0 where not, -1 on
+     * error */
+    int (*any_text)(int32_t lex);
+};
+
 struct walk {
     const int64_t *rows;
     int64_t num_rows;
@@ -73,6 +102,10 @@ struct walk {
     fill_row fill;
     struct text_cache *cache;
     int64_t steps; /* nodes stepped through (returned: the tests see which way a walk went) */
+    const struct lexer_side *lexer; /* NULL: no pairs */
+    int32_t *nodes;                 /* per depth: a pair's Earley set, -1 for a parser state */
+    const int64_t *lex_rows;
+    int64_t num_lex_rows;
 };
 
 /* The row of `state` (computed now where it is not yet), or 0 when that failed. */
@@ -85,14 +118,46 @@ static const int32_t *row_of(struct walk *w, int32_t state) {
     return row;
 }
 
-/* Whether `state` reads text: 1 with its state per phase in `out`, 0 not, -1 failed. */
-static int work_out_text(struct walk *w, int32_t state, int32_t *out) {
+/* The row of lexer state `lex` (made now where it is not yet), or 0 when that failed. */
+static const int32_t *lex_row_of(struct walk *w, int32_t lex) {
+    const int32_t *row = lex < w->num_lex_rows ? (const int32_t *)w->lex_rows[lex] : 0;
+    if (!row) {
+        w->lex_rows = (const int64_t *)w->lexer->lex_fill(lex, &w->num_lex_rows);
+        row = w->lex_rows && lex < w->num_lex_rows ? (const int32_t *)w->lex_rows[lex] : 0;
+    }
+    return row;
+}
+
+/* Sets depth d's state to parser state `state` (not a pair). */
+static void set_state(struct walk *w, int64_t d, int32_t state) {
+    w->states[d] = state;
+    if (w->nodes) w->nodes[d] = -1;
+}
+
+/* Where depth d holds a parser state of one element whose row is not made, turns it into its
+ * pair, whose children the lexer's rows give. 0, or -1 on error. */
+static int to_pair(struct walk *w, int64_t d) {
+    const int32_t s = w->states[d];
+    if (!w->nodes || w->nodes[d] >= 0 || (s < w->num_rows && w->rows[s])) return 0;
+    int32_t node;
+    const int32_t lex = w->lexer->single(s, &node);
+    if (lex == -2) return -1;
+    if (lex >= 0) {
+        w->states[d] = lex;
+        w->nodes[d] = node;
+    }
+    return 0;
+}
+
+/* Whether `state` (a lexer state where `lexer`) reads text: 1 with its state per phase in
+ * `out`, 0 not, -1 failed. */
+static int work_out_text(struct walk *w, int32_t state, int32_t *out, int lexer) {
     const struct trie *t = w->t;
     for (int64_t p = 0; p < t->num_phases; p++) out[p] = -1;
     out[0] = state;
     for (int64_t p = 0; p < t->num_phases; p++) { /* phases are numbered in the order reached */
         if (out[p] < 0) return 0;
-        const int32_t *row = row_of(w, out[p]);
+        const int32_t *row = lexer ? lex_row_of(w, out[p]) : row_of(w, out[p]);
         if (!row) return -1;
         const uint8_t *next = t->next_phase + p * 256;
         for (int b = 0; b < 256; b++) {
@@ -112,7 +177,7 @@ static const int32_t *reads_text(struct walk *w, int32_t state, int32_t *scratch
     const int64_t phases = w->t->num_phases;
     if (state < c->cap && c->index[state] != 0)
         return c->index[state] < 0 ? 0 : c->states + (c->index[state] - 1) * phases;
-    const int got = work_out_text(w, state, scratch);
+    const int got = work_out_text(w, state, scratch, 0);
     if (got < 0) {
         *failed = 1;
         return 0;
@@ -127,6 +192,53 @@ static const int32_t *reads_text(struct walk *w, int32_t state, int32_t *scratch
     memcpy(kept, scratch, phases * sizeof(int32_t));
     c->index[state] = (int32_t)++*c->rows_used;
     return kept;
+}
+
+/* Whether lexer state `lex` reads text or any text (where a parser state of it alone may):
+ * 1, 0, or -1 on error. */
+static int lex_text_like(struct walk *w, int32_t lex) {
+    int32_t scratch[MAX_PHASES];
+    const int any = w->lexer->any_text(lex);
+    return any != 0 ? any : work_out_text(w, lex, scratch, 1);
+}
+
+/* At the root of a big subtree, parser state `states[d]` of one element whose row is not made
+ * becomes its pair where its lexer state reads no text (then neither does it: the text
+ * shortcuts, which would make its row, cannot apply). 1 a pair now, 0 not, -1 on error. */
+static int plain_to_pair(struct walk *w, int64_t d) {
+    const int32_t s = w->states[d];
+    if (s < w->num_rows && w->rows[s]) return 0;
+    int32_t node;
+    const int32_t lex = w->lexer->single(s, &node);
+    if (lex < 0) return lex == -2 ? -1 : 0;
+    const int text = lex_text_like(w, lex);
+    if (text != 0) return text < 0 ? -1 : 0;
+    w->states[d] = lex;
+    w->nodes[d] = node;
+    return 1;
+}
+
+/* The child of depth d - 1's pair by `byte` into depth d: a pair where its lexer state ends no
+ * terminal, else its parser state; at the root of a `big` subtree (where the text shortcuts
+ * apply) its parser state too where the lexer state reads text or any text, as the shortcuts
+ * need. 1 alive, 0 dead, -1 on error. */
+static int pair_step(struct walk *w, int64_t d, uint8_t byte, int big) {
+    const int32_t *row = lex_row_of(w, w->states[d - 1]);
+    if (!row) return -1;
+    const int32_t lex = row[byte];
+    if (lex < 0) return 0;
+    int ends = w->lexer->ends(lex);
+    if (!ends && big) ends = lex_text_like(w, lex);
+    if (ends < 0) return -1;
+    if (!ends) {
+        w->states[d] = lex;
+        w->nodes[d] = w->nodes[d - 1];
+        return 1;
+    }
+    const int32_t s = w->lexer->state_of(w->nodes[d - 1], lex);
+    if (s == -2) return -1;
+    set_state(w, d, s);
+    return s >= 0;
 }
 
 static void set_bit(uint32_t *words, int32_t token) { words[token >> 5] |= 1u << (token & 31); }
@@ -161,8 +273,7 @@ static int absorb(struct walk *w, int64_t i, const int32_t *by_phase) {
             w->steps += r - j;
         }
         if (r == end) break;
-        const int32_t s = state_copy[t->up_phase[r]];
-        w->states[t->depth[r] - 1] = s;
+        set_state(w, t->depth[r] - 1, state_copy[t->up_phase[r]]);
         if (walk_nodes(w, r, r + t->size[r]) < 0) return -1;
         j = r + t->size[r];
     }
@@ -198,7 +309,7 @@ static int absorb_any(struct walk *w, int64_t i) {
         } else { /* text above a rough root: its state, from its parent's */
             const int32_t *row = row_of(w, w->states[t->depth[j] - 1]);
             if (!row || row[t->byte[j]] < 0) return -1;
-            w->states[t->depth[j]] = row[t->byte[j]];
+            set_state(w, t->depth[j], row[t->byte[j]]);
             if (rows < 0) set_bit(w->words, t->token[j]);
             w->steps++;
             j++;
@@ -215,16 +326,41 @@ static int walk_nodes(struct walk *w, int64_t lo, int64_t hi) {
     int32_t scratch[MAX_PHASES];
     for (int64_t i = lo; i < hi;) {
         const int32_t d = depth[i];
-        const int32_t *row = row_of(w, w->states[d - 1]);
-        if (!row) return -1; /* failed, or made no row: never loop on it */
-        const int32_t s = row[byte[i]];
-        w->steps++;
-        if (s < 0) {
-            i += size[i];
-            continue;
+        int32_t s;
+        if (w->nodes && w->nodes[d - 1] >= 0) { /* a pair: its lexer's row */
+            const int alive = pair_step(w, d, byte[i], size[i] >= ABSORB_MIN_SIZE && t->phase[i] == 0);
+            if (alive < 0) return -1;
+            w->steps++;
+            if (!alive) {
+                i += size[i];
+                continue;
+            }
+            set_bit(w->words, token[i]);
+            if (w->nodes[d] >= 0) {
+                i++;
+                continue;
+            }
+            s = w->states[d];
+        } else {
+            const int32_t *row = row_of(w, w->states[d - 1]);
+            if (!row) return -1; /* failed, or made no row: never loop on it */
+            s = row[byte[i]];
+            w->steps++;
+            if (s < 0) {
+                i += size[i];
+                continue;
+            }
+            set_state(w, d, s);
+            set_bit(w->words, token[i]);
+            if (w->nodes && size[i] >= ABSORB_MIN_SIZE && t->phase[i] == 0) {
+                const int paired = plain_to_pair(w, d);
+                if (paired < 0) return -1;
+                if (paired) {
+                    i++;
+                    continue;
+                }
+            }
         }
-        w->states[d] = s;
-        set_bit(w->words, token[i]);
         if (size[i] >= ABSORB_MIN_SIZE && t->phase[i] == 0 && reads_any_text(w, s)) {
             if (absorb_any(w, i) < 0) return -1;
             i += size[i];
@@ -240,23 +376,35 @@ static int walk_nodes(struct walk *w, int64_t lo, int64_t hi) {
                 continue;
             }
         }
+        if (to_pair(w, d) < 0) return -1;
         i++;
     }
     return 0;
 }
 
-/* Walk the whole trie from `state` and set the bits of the tokens alive in `words`; `states`
- * holds max_depth + 1 states. Returns the nodes it stepped through, or -1 when `fill` failed. */
-int64_t rf_trie_walk(const int64_t *rows, int64_t num_rows, const struct trie *t, int32_t state,
-                     int32_t *states, uint32_t *words, fill_row fill, struct text_cache *cache) {
-    if (t->num_phases > MAX_PHASES) return -1;
-    struct walk w = {rows, num_rows, t, states, words, fill, cache, 0};
-    states[0] = state;
-    if (reads_any_text(&w, state)) return absorb_any(&w, 0) < 0 ? -1 : w.steps;
+static int64_t walk_from(struct walk *w, int32_t state) {
+    const struct trie *t = w->t;
+    set_state(w, 0, state);
+    if (reads_any_text(w, state)) return absorb_any(w, 0) < 0 ? -1 : w->steps;
     int failed = 0;
     int32_t scratch[MAX_PHASES];
-    const int32_t *by_phase = reads_text(&w, state, scratch, &failed);
+    const int32_t *by_phase = reads_text(w, state, scratch, &failed);
     if (failed) return -1;
-    if (by_phase) return absorb(&w, 0, by_phase) < 0 ? -1 : w.steps;
-    return walk_nodes(&w, 1, t->size[0]) < 0 ? -1 : w.steps;
+    if (by_phase) return absorb(w, 0, by_phase) < 0 ? -1 : w->steps;
+    if (to_pair(w, 0) < 0) return -1;
+    return walk_nodes(w, 1, t->size[0]) < 0 ? -1 : w->steps;
+}
+
+/* Walk the whole trie from `state` and set the bits of the tokens alive in `words`; `states`
+ * holds max_depth + 1 states; `lexer`: a grammar automaton's (pairs, see above), or NULL.
+ * Returns the nodes it stepped through, or -1 when `fill` (or a `lexer` callback) failed. */
+int64_t rf_trie_walk(const int64_t *rows, int64_t num_rows, const struct trie *t, int32_t state,
+                     int32_t *states, uint32_t *words, fill_row fill, struct text_cache *cache,
+                     const struct lexer_side *lexer) {
+    if (t->num_phases > MAX_PHASES) return -1;
+    struct walk w = {rows, num_rows, t, states, words, fill, cache, 0, lexer, NULL, NULL, 0};
+    if (lexer && (w.nodes = malloc((t->max_depth + 1) * sizeof(int32_t))) == NULL) return -1;
+    const int64_t steps = walk_from(&w, state);
+    free(w.nodes);
+    return steps;
 }

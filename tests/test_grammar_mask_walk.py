@@ -155,3 +155,86 @@ def test_tail_runs_match_per_token_reference(pattern, texts, many_levels, mask_w
         for state in set(byte_states(automaton, text.encode())):
             got = walk_ids(mask_walk, index, automaton, state)
             assert got == reference_ids(index, automaton, state)
+
+
+RECURSIVE = {
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {
+                "title": {"type": "string"},
+                "kind": {"enum": ["leaf", "branch"]},
+                "weight": {"type": "number"},
+                "code": {"type": "string", "pattern": "^[a-z]{2}-[0-9]+$"},
+                "children": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+            },
+            "additionalProperties": {"type": "integer"},
+        }
+    },
+    "$ref": "#/$defs/node",
+}
+TREE = {
+    "title": "root é",
+    "kind": "branch",
+    "children": [{"title": "a", "weight": -1.5, "code": "ab-12", "extra": 3}, {"kind": "leaf"}],
+}
+
+
+def substring_tokenizer(text: bytes, longest: int = 5):
+    """A tokenizer with every printable byte and every substring of `text` up to `longest`
+    bytes (whole UTF-8 characters), so that tokens cross each boundary of the text's lexemes."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    from radixflow.grammars.tokenizer_index import _byte_to_unicode
+
+    b2u = _byte_to_unicode()
+    pieces = [bytes([b]) for b in range(32, 127)] + [
+        text[i : i + n] for n in range(2, longest + 1) for i in range(len(text) - n + 1)
+    ]
+    vocab = {"<eos>": 0}
+    for piece in pieces:
+        vocab.setdefault("".join(b2u[b] for b in piece), len(vocab))
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tk.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>")
+
+
+@pytest.mark.parametrize("vocab", ["smollm", "substrings"])
+def test_walk_through_lexer_pairs_matches_per_token_reference(smollm, vocab):
+    """A recursive schema's grammar automaton, walked from each state of a text with its
+    rows past that state not yet made: the native walk steps through the lexer's rows as pairs
+    (declared and other names, free and patterned strings, numbers, an enum, nested objects;
+    tokens that cross from one lexeme into the next) and allows exactly the tokens the
+    per-token reference does, making fewer parser states than a walk through parser states
+    only."""
+    from radixflow.grammars import native_rows
+
+    if trie_walk() is None or native_rows.dfa_rows() is None:
+        pytest.skip("the lexer pairs need the native trie walk and rows")
+    text = json.dumps(TREE, separators=(",", ":"), ensure_ascii=False).encode()
+    compiler = smollm if vocab == "smollm" else GrammarCompiler(substring_tokenizer(text))
+    index = compiler.index
+    native = native_rows.dfa_rows()
+    begin = native.begin_walk
+
+    def without_pairs(*args):
+        return begin(*args)[0], 0
+
+    fewer = 0
+    for at in range(len(text)):
+        made = []
+        for pairs in (True, False):
+            compiler.clear_cache()
+            automaton = compiler.compile_json_schema(RECURSIVE).automaton
+            state = byte_states(automaton, text[:at])[-1]
+            before = len(automaton.sets)
+            with pytest.MonkeyPatch.context() as m:
+                if not pairs:
+                    m.setattr(native, "begin_walk", without_pairs)
+                got = walk_ids(masks.compute_mask, index, automaton, state)
+            made.append(len(automaton.sets) - before)
+            assert got == reference_ids(index, automaton, state), (text[:at], pairs)
+        assert made[0] <= made[1]
+        fewer += made[0] < made[1]
+    assert fewer >= len(text) // 3  # most positions took pairs
