@@ -106,6 +106,8 @@ struct walk {
     int32_t *nodes;                 /* per depth: a pair's Earley set, -1 for a parser state */
     const int64_t *lex_rows;
     int64_t num_lex_rows;
+    uint8_t *lex_ends; /* per lexer state met: 0 unknown, 1 ends no terminal, 2 ends one */
+    int64_t num_lex_ends;
 };
 
 /* The row of `state` (computed now where it is not yet), or 0 when that failed. */
@@ -194,6 +196,25 @@ static const int32_t *reads_text(struct walk *w, int32_t state, int32_t *scratch
     return kept;
 }
 
+/* Whether lexer state `lex` ends a terminal (asked once per walk): 1, 0, or -1 on error. */
+static int lexer_ends(struct walk *w, int32_t lex) {
+    if (lex >= w->num_lex_ends) {
+        int64_t n = w->num_lex_ends ? w->num_lex_ends : 256;
+        while (n <= lex) n *= 2;
+        uint8_t *grown = realloc(w->lex_ends, n);
+        if (grown == NULL) return -1;
+        memset(grown + w->num_lex_ends, 0, n - w->num_lex_ends);
+        w->lex_ends = grown;
+        w->num_lex_ends = n;
+    }
+    if (!w->lex_ends[lex]) {
+        const int ends = w->lexer->ends(lex);
+        if (ends < 0) return -1;
+        w->lex_ends[lex] = (uint8_t)(1 + ends);
+    }
+    return w->lex_ends[lex] - 1;
+}
+
 /* Whether lexer state `lex` reads text or any text (where a parser state of it alone may):
  * 1, 0, or -1 on error. */
 static int lex_text_like(struct walk *w, int32_t lex) {
@@ -227,7 +248,7 @@ static int pair_step(struct walk *w, int64_t d, uint8_t byte, int big) {
     if (!row) return -1;
     const int32_t lex = row[byte];
     if (lex < 0) return 0;
-    int ends = w->lexer->ends(lex);
+    int ends = lexer_ends(w, lex);
     if (!ends && big) ends = lex_text_like(w, lex);
     if (ends < 0) return -1;
     if (!ends) {
@@ -402,9 +423,10 @@ int64_t rf_trie_walk(const int64_t *rows, int64_t num_rows, const struct trie *t
                      int32_t *states, uint32_t *words, fill_row fill, struct text_cache *cache,
                      const struct lexer_side *lexer) {
     if (t->num_phases > MAX_PHASES) return -1;
-    struct walk w = {rows, num_rows, t, states, words, fill, cache, 0, lexer, NULL, NULL, 0};
+    struct walk w = {rows, num_rows, t, states, words, fill, cache, 0, lexer, NULL, NULL, 0, NULL, 0};
     if (lexer && (w.nodes = malloc((t->max_depth + 1) * sizeof(int32_t))) == NULL) return -1;
     const int64_t steps = walk_from(&w, state);
     free(w.nodes);
+    free(w.lex_ends);
     return steps;
 }
