@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from automaton_walk import allowed_tokens
+from tiny_models import word_level_tokenizer
 from transformers import AutoTokenizer
 
 from radixflow.grammars import GrammarCompiler, masks
@@ -182,22 +183,11 @@ TREE = {
 
 def substring_tokenizer(text: bytes, longest: int = 5):
     """A tokenizer with every printable byte and every substring of `text` up to `longest`
-    bytes (whole UTF-8 characters), so that tokens cross each boundary of the text's lexemes."""
-    from tokenizers import Tokenizer, decoders, models
-    from transformers import PreTrainedTokenizerFast
-
-    from radixflow.grammars.tokenizer_index import _byte_to_unicode
-
-    b2u = _byte_to_unicode()
-    pieces = [bytes([b]) for b in range(32, 127)] + [
-        text[i : i + n] for n in range(2, longest + 1) for i in range(len(text) - n + 1)
-    ]
-    vocab = {"<eos>": 0}
-    for piece in pieces:
-        vocab.setdefault("".join(b2u[b] for b in piece), len(vocab))
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
-    tk.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>")
+    bytes, so that tokens cross each boundary of the text's lexemes."""
+    return word_level_tokenizer(
+        [bytes([b]) for b in range(32, 127)]
+        + [text[i : i + n] for n in range(2, longest + 1) for i in range(len(text) - n + 1)]
+    )
 
 
 @pytest.mark.parametrize("vocab", ["smollm", "substrings"])

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import regex
 import torch
+from tiny_models import word_level_tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from radixflow.grammars import CompileTimeout, GrammarCompiler, allocate_token_bitmask
@@ -30,23 +31,15 @@ def smollm():
     return tok, GrammarCompiler(tok)
 
 
+TINY_PIECES = [bytes([b]) for b in range(32, 127)] + [
+    b"ab", b"abc", b"12", b'"', b"\xc3", b"\xa9", "é".encode(), "日本".encode(), b"a1",
+    b"zz", b"-1", b" a", b"0.", b".5", b"\n", b'":"', b"true",
+]  # fmt: skip
+
+
 def tiny_tokenizer():
     """A word-level tokenizer with byte-level BPE strings, partial UTF-8 and an EOS."""
-    from tokenizers import Tokenizer, decoders, models
-
-    from radixflow.grammars.tokenizer_index import _byte_to_unicode
-
-    b2u = _byte_to_unicode()
-    pieces = [bytes([b]) for b in range(32, 127)] + [
-        b"ab", b"abc", b"12", b'"', b"\xc3", b"\xa9", "é".encode(), "日本".encode(), b"a1",
-        b"zz", b"-1", b" a", b"0.", b".5", b"\n", b'":"', b"true",
-    ]  # fmt: skip
-    vocab = {"<eos>": 0}
-    for p in pieces:
-        vocab.setdefault("".join(b2u[b] for b in p), len(vocab))
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
-    tk.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>")
+    return word_level_tokenizer(TINY_PIECES)
 
 
 def allowed_ids(matcher, vocab_size):

@@ -27,6 +27,20 @@ def stored_qtype(layer: QuantLinear, qtype: str) -> str:
     return interleaved_qtype(qtype) if qtype in layer.impl.interleaved else qtype
 
 
+def word_level_tokenizer(pieces: list[bytes]) -> transformers.PreTrainedTokenizerFast:
+    """A tokenizer whose tokens are exactly `pieces` (byte-level BPE strings; repeats kept
+    once) and an EOS, token 0."""
+    from radixflow.grammars.tokenizer_index import _byte_to_unicode
+
+    b2u = _byte_to_unicode()
+    vocab = {"<eos>": 0}
+    for piece in pieces:
+        vocab.setdefault("".join(b2u[b] for b in piece), len(vocab))
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tk.decoder = decoders.ByteLevel()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>")
+
+
 def tiny_tokenizer(vocab_size: int = 320) -> transformers.PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
