@@ -136,21 +136,6 @@ static void set_state(struct walk *w, int64_t d, int32_t state) {
     if (w->nodes) w->nodes[d] = -1;
 }
 
-/* Where depth d holds a parser state of one element whose row is not made, turns it into its
- * pair, whose children the lexer's rows give. 0, or -1 on error. */
-static int to_pair(struct walk *w, int64_t d) {
-    const int32_t s = w->states[d];
-    if (!w->nodes || w->nodes[d] >= 0 || (s < w->num_rows && w->rows[s])) return 0;
-    int32_t node;
-    const int32_t lex = w->lexer->single(s, &node);
-    if (lex == -2) return -1;
-    if (lex >= 0) {
-        w->states[d] = lex;
-        w->nodes[d] = node;
-    }
-    return 0;
-}
-
 /* Whether `state` (a lexer state where `lexer`) reads text: 1 with its state per phase in
  * `out`, 0 not, -1 failed. */
 static int work_out_text(struct walk *w, int32_t state, int32_t *out, int lexer) {
@@ -223,16 +208,17 @@ static int lex_text_like(struct walk *w, int32_t lex) {
     return any != 0 ? any : work_out_text(w, lex, scratch, 1);
 }
 
-/* At the root of a big subtree, parser state `states[d]` of one element whose row is not made
- * becomes its pair where its lexer state reads no text (then neither does it: the text
- * shortcuts, which would make its row, cannot apply). 1 a pair now, 0 not, -1 on error. */
-static int plain_to_pair(struct walk *w, int64_t d) {
+/* Where depth d holds a parser state of one element whose row is not made, turns it into its
+ * pair, whose children the lexer's rows give; with `plain` only where its lexer state reads no
+ * text (at a big subtree's root: then neither does the parser state, and the text shortcuts,
+ * which would make its row, cannot apply). 1 a pair now, 0 not, -1 on error. */
+static int to_pair(struct walk *w, int64_t d, int plain) {
     const int32_t s = w->states[d];
-    if (s < w->num_rows && w->rows[s]) return 0;
+    if (!w->nodes || w->nodes[d] >= 0 || (s < w->num_rows && w->rows[s])) return 0;
     int32_t node;
     const int32_t lex = w->lexer->single(s, &node);
     if (lex < 0) return lex == -2 ? -1 : 0;
-    const int text = lex_text_like(w, lex);
+    const int text = plain ? lex_text_like(w, lex) : 0;
     if (text != 0) return text < 0 ? -1 : 0;
     w->states[d] = lex;
     w->nodes[d] = node;
@@ -374,7 +360,7 @@ static int walk_nodes(struct walk *w, int64_t lo, int64_t hi) {
             set_state(w, d, s);
             set_bit(w->words, token[i]);
             if (w->nodes && size[i] >= ABSORB_MIN_SIZE && t->phase[i] == 0) {
-                const int paired = plain_to_pair(w, d);
+                const int paired = to_pair(w, d, 1);
                 if (paired < 0) return -1;
                 if (paired) {
                     i++;
@@ -397,7 +383,7 @@ static int walk_nodes(struct walk *w, int64_t lo, int64_t hi) {
                 continue;
             }
         }
-        if (to_pair(w, d) < 0) return -1;
+        if (to_pair(w, d, 0) < 0) return -1;
         i++;
     }
     return 0;
@@ -412,7 +398,7 @@ static int64_t walk_from(struct walk *w, int32_t state) {
     const int32_t *by_phase = reads_text(w, state, scratch, &failed);
     if (failed) return -1;
     if (by_phase) return absorb(w, 0, by_phase) < 0 ? -1 : w->steps;
-    if (to_pair(w, 0) < 0) return -1;
+    if (to_pair(w, 0, 0) < 0) return -1;
     return walk_nodes(w, 1, t->size[0]) < 0 ? -1 : w->steps;
 }
 

@@ -41,3 +41,13 @@ def allowed_tokens(index, auto: ByteAutomaton, state: int) -> np.ndarray:
     if auto.is_accepting(state):
         allowed[list(index.eos_ids)] = True
     return allowed
+
+
+def without_lexer_pairs(monkeypatch) -> None:
+    """Native trie walks that step through parser states only, not a grammar automaton's
+    lexer rows as pairs (`dfa_rows.begin_walk` then hands the walk no lexer side)."""
+    from radixflow.grammars import native_rows
+
+    native = native_rows.dfa_rows()
+    begin = native.begin_walk
+    monkeypatch.setattr(native, "begin_walk", lambda *args: (begin(*args)[0], 0))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from automaton_walk import allowed_tokens
+from automaton_walk import allowed_tokens, without_lexer_pairs
 from tiny_models import word_level_tokenizer
 from transformers import AutoTokenizer
 
@@ -205,12 +205,6 @@ def test_walk_through_lexer_pairs_matches_per_token_reference(smollm, vocab):
     text = json.dumps(TREE, separators=(",", ":"), ensure_ascii=False).encode()
     compiler = smollm if vocab == "smollm" else GrammarCompiler(substring_tokenizer(text))
     index = compiler.index
-    native = native_rows.dfa_rows()
-    begin = native.begin_walk
-
-    def without_pairs(*args):
-        return begin(*args)[0], 0
-
     fewer = 0
     for at in range(len(text)):
         made = []
@@ -221,7 +215,7 @@ def test_walk_through_lexer_pairs_matches_per_token_reference(smollm, vocab):
             before = len(automaton.sets)
             with pytest.MonkeyPatch.context() as m:
                 if not pairs:
-                    m.setattr(native, "begin_walk", without_pairs)
+                    without_lexer_pairs(m)
                 got = walk_ids(masks.compute_mask, index, automaton, state)
             made.append(len(automaton.sets) - before)
             assert got == reference_ids(index, automaton, state), (text[:at], pairs)

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from automaton_walk import allowed_tokens
+from automaton_walk import allowed_tokens, without_lexer_pairs
 from tiny_models import tiny_tokenizer
 
 from radixflow.grammars import GrammarCompiler, masks, native_build, native_rows, native_walk
@@ -358,13 +358,6 @@ def test_rows_the_c_walk_makes_are_the_rows_row_makes(native, monkeypatch):
     assert all(np.array_equal(in_c.row(s), asked.row(s)) for s in made)
 
 
-def _without_pairs(monkeypatch) -> None:
-    """Walks that step through parser states only, not a grammar automaton's lexer pairs."""
-    native = native_rows.dfa_rows()
-    begin = native.begin_walk
-    monkeypatch.setattr(native, "begin_walk", lambda *args: (begin(*args)[0], 0))
-
-
 @pytest.mark.parametrize("others", [False, True], ids=["declared-names", "any-names"])
 def test_parser_rows_the_c_walk_makes_are_the_rows_row_makes(native, monkeypatch, others):
     """A recursive schema's grammar automaton: the C walk makes its missing parser rows itself
@@ -373,7 +366,7 @@ def test_parser_rows_the_c_walk_makes_are_the_rows_row_makes(native, monkeypatch
     ones) as when it asks the automaton's `row` (both without the lexer's pairs)."""
     if native_rows.dfa_rows() is None:
         pytest.skip("the walk makes rows in C only with the native lazy DFA rows")
-    _without_pairs(monkeypatch)
+    without_lexer_pairs(monkeypatch)
     tok = tiny_tokenizer()
     linked_list = {
         "$defs": {
