@@ -53,8 +53,9 @@ Generated form (what a model is made to write):
   may stand anywhere (`^$|^[a-z]+$`, `(a|$)*`), except inside a bounded repeat of more than 4
   copies;
 - `pattern`/`format` with `minLength`/`maxLength` intersect exactly (`regex_algebra`); the
-  formats in `json_schema_strings.FORMATS` are enforced, other formats are annotations (as
-  JSON Schema 2019-09 on makes every format) and allow any string;
+  formats in `json_schema_formats.FORMATS` are enforced (each a regular subset of what
+  `jsonschema`'s format checker accepts), other formats are annotations (as JSON Schema
+  2019-09 on makes every format) and allow any string;
 - `additionalItems` has no effect unless `items` is an array (as the specification says).
 The language is regular unless `$ref`s recurse; then each schema met again inside its own
 conversion (through `$ref`s, `allOf` merges of recursive targets included) becomes a grammar
@@ -85,6 +86,7 @@ from collections.abc import Callable
 from .budget import GrammarLimits
 from .disjoint import check_disjoint
 from .json_schema_disjoint import DisjointProver, json_common, json_type, listed_values
+from .json_schema_formats import FORMATS
 from .json_schema_memo import MAX_MEMO_DEPS, MAX_MEMO_READS, SubschemaMemo
 from .json_schema_negation import (
     absent_name_sets,
@@ -111,7 +113,6 @@ from .json_schema_resolve import (
     ref_siblings_apply,
 )
 from .json_schema_strings import (
-    FORMATS,
     JSON_CHAR,
     compact_json,
     exclusive_strings,

@@ -20,8 +20,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
+from .json_schema_formats import FORMATS
 from .json_schema_resolve import HANDLED, MAX_MERGED_BRANCHES, UNSUPPORTED
-from .json_schema_strings import FORMATS
 
 Inline = Callable[[object, str], object]  # `SchemaResolver.inline`: a schema, its $ref followed
 # bound -> (the type it applies to, the bound its failures meet, the shift of its value)

@@ -30,8 +30,8 @@ from types import ModuleType
 from typing import Any
 
 from .json_schema_disjoint import json_common
+from .json_schema_formats import FORMATS
 from .json_schema_numbers import check_numbers
-from .json_schema_strings import FORMATS
 from .native_build import load_extension
 from .nfa import Deadline
 from .regex_algebra import search

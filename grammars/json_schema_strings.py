@@ -12,6 +12,7 @@ import functools
 import json
 
 from .json_schema_disjoint import listed_values
+from .json_schema_formats import FORMATS, capped
 from .nfa import Deadline
 from .regex_algebra import ANY_CHAR, combine, restrict_length
 from .regex_algebra import exclude_words as exclude_words_from
@@ -41,29 +42,6 @@ _ANY_CHAR = Chars(ANY_CHAR)
 JSON_CHAR = alt(
     _PLAIN, seq(chars("\\\\"), alt(chars('"\\\\/bfnrt'), seq(chars("u"), _HEX, _HEX, _HEX, _HEX)))
 )
-_DATE = (
-    r"([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
-    r"|02-(0[1-9]|1[0-9]|2[0-8]))"
-    r"|([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29)"
-)
-_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
-_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
-_IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"
-_H16 = r"[0-9a-fA-F]{1,4}"
-_IPV6 = rf"(({_H16}:){{7}}{_H16}|(({_H16}:){{0,6}}{_H16})?::(({_H16}:){{0,6}}{_H16})?)"
-_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_HOSTNAME = rf"{_LABEL}(\.{_LABEL})*"
-FORMATS = {
-    "date-time": rf"{_DATE}T{_TIME}",
-    "date": _DATE,
-    "time": _TIME,
-    "email": rf"[A-Za-z0-9!#$%&'*+/=?^_`{{|}}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{{|}}~-]+)*@{_HOSTNAME}",
-    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
-    "uri": r"[A-Za-z][A-Za-z0-9+.-]*:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+",
-    "ipv4": _IPV4,
-    "ipv6": _IPV6,
-    "hostname": _HOSTNAME,
-}
 
 
 # How JSON writes each character that must be escaped (control characters, quote, backslash).
@@ -135,9 +113,9 @@ def string_ir(
     """A JSON string; `exclude` is a pattern it must not match, `exclude_words` values."""
     pattern, fmt = schema.get("pattern"), schema.get("format")
     lo, hi = int(schema.get("minLength", 0)), schema.get("maxLength")
-    hi = None if hi is None else int(hi)
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"{where}: unsupported string format {fmt!r}")
+    hi = capped(fmt, None if hi is None else int(hi))
     if hi is not None and hi < lo:
         return NEVER  # bounds no length meets (merged parts, a `not` of a bound)
     parts = [parse_search_regex(pattern)] if pattern is not None else []
@@ -180,8 +158,9 @@ def exclusive_strings(schemas: list, vocabulary: set, deadline: Deadline):
         if schema.get("format") in FORMATS:  # other formats are annotations
             parts.append(parse_regex(FORMATS[schema["format"]]))
         lo, hi = int(schema.get("minLength", 0)), schema.get("maxLength")
+        hi = capped(schema.get("format"), None if hi is None else int(hi))
         if lo or hi is not None:
-            parts.append(Repeat(_ANY_CHAR, lo, None if hi is None else int(hi)))
+            parts.append(Repeat(_ANY_CHAR, lo, hi))
         values = listed_values(schema)
         if values is not None:
             parts.append(Alt(tuple(literal(v) for v in values if isinstance(v, str))))
