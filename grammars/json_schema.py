@@ -153,6 +153,20 @@ def _product_factors(items: list) -> tuple[list, list] | None:
     return firsts, seconds
 
 
+def _meets_no_value_of(case: dict, pos: dict) -> bool:
+    """Whether no value of `pos` meets `case` (an object failing a `not`'s clause): it has a
+    name absent that `pos` requires, or present with a value failing the very schema that
+    `pos` gives that name."""
+    required, declared = pos.get("required", ()), pos.get("properties", {})
+    for name, sub in case["properties"].items():
+        if sub is False and name in required:
+            return True
+        own = declared.get(name) if isinstance(sub, dict) else None
+        if own is not None and sub.get("not") == own and name in case.get("required", ()):
+            return True
+    return False
+
+
 class SchemaConverter(ContainerConverter):
     """Walks one schema; `convert` returns IR, recursive `$ref`s land in `defs`."""
 
@@ -475,10 +489,16 @@ class SchemaConverter(ContainerConverter):
         merged with `pos`; None for other clauses."""
         absent = absent_name_sets(neg, set(neg), self.schemas.inline, where)
         if absent is not None:
-            return [{"type": "object", "properties": dict.fromkeys(n, False)} for n in absent]
-        closed = pos.get("additionalProperties") is False and not pos.get("patternProperties")
-        cases = object_failures(neg, list(pos.get("properties", {})) if closed else None)
-        return bound_failures(neg) if cases is None else cases
+            cases = [{"type": "object", "properties": dict.fromkeys(n, False)} for n in absent]
+        else:
+            closed = pos.get("additionalProperties") is False and not pos.get("patternProperties")
+            cases = object_failures(neg, list(pos.get("properties", {})) if closed else None)
+            if cases is None:
+                return bound_failures(neg)
+        # Left out unconverted: cases no value of `pos` meets (`oneOf` branches that share the
+        # object's `properties` and `required` names fail each other only by the names only
+        # they require), each a product's factor in `_excluding_others`.
+        return [c for c in cases if not _meets_no_value_of(c, pos)]
 
     def _failures(self, neg, pos: dict, where: str) -> list | None:
         """The schemas of the values of `pos` failing `neg` (their union is `not neg`), each
@@ -487,11 +507,12 @@ class SchemaConverter(ContainerConverter):
         neg = self.schemas.flatten(neg, f"{where}/not")
         if isinstance(neg, bool):
             return [] if neg else [{}]  # every value meets true, and fails false
+        types = pos.get("type", TYPES)
         out: list = []
         for clause in negation_clauses(neg):
             keys = set(clause)
             if keys == {"type"}:
-                kept = types_failing(clause["type"], TYPES)
+                kept = types_failing(clause["type"], [types] if isinstance(types, str) else types)
                 if kept is None:
                     return None
                 out += [{"type": kept}] if kept else []

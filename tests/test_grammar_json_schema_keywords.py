@@ -241,11 +241,13 @@ def test_draft7_dependencies_and_additional_items(smollm):
 
 
 def test_one_of_branches_apart_only_by_required_names_are_kept_apart(smollm):
-    """oneOf branches the prover cannot keep apart. Two: each is taken with the `not` of the
-    other, exactly. Three that each meet both others: a branch is taken only where the names
-    only the other branches require are absent; everything accepted is valid, and an object
-    that fails another branch only by a value, with that branch's names present, is left out
-    (documented in `_separated_by_required`)."""
+    """oneOf branches the prover cannot keep apart: each is taken with the `not` of every
+    other it meets, exactly, the ways to fail another branch that no value of this one meets
+    left out (a name this branch requires absent, a value failing the schema it shares). Past
+    `MAX_MERGED_BRANCHES` such cases, a branch is taken only where the names only the other
+    branches require are absent: everything accepted is valid, and an object that fails
+    another branch only by a value, with that branch's names present, is left out (documented
+    in `_separated_by_required`)."""
     tok, gc = smollm
     props = {"id": {"type": "string"}, "win": {"type": "integer"}, "lose": {"type": "integer"},
              "draw": {"type": "integer"}}  # fmt: skip
@@ -263,10 +265,21 @@ def test_one_of_branches_apart_only_by_required_names_are_kept_apart(smollm):
     checker = jsonschema.Draft202012Validator(three)
     values += [{"id": "a", "draw": 1}, {"id": "a", "lose": 1, "draw": 2},
                {"id": "a", "win": -1, "draw": 2}]  # fmt: skip
+    expected = [True, True, False, True, False, False, True, False, True]
+    assert [checker.is_valid(v) for v in values] == expected
+    assert [accepts(tok, g, v) for v in values] == expected
+    # Eight: 2 ways to fail each of the 7 others, 128 cases per branch, past the limit.
+    names = [f"w{k}" for k in range(8)]
+    many = {"type": "object", "properties": {"id": {"type": "string"}, **dict.fromkeys(names, {"type": "integer"})},
+            "oneOf": [{"required": ["id", w], "properties": {w: {"minimum": 0}}} for w in names]}  # fmt: skip
+    g = gc.compile_json_schema(many)
+    checker = jsonschema.Draft202012Validator(many)
+    values = [{"id": "a", "w0": 1}, {"id": "a", "w3": 0}, {"id": "a", "w0": 1, "w1": 2},
+              {"id": "a", "w0": 1, "w1": -1}, {"id": "a"}]  # fmt: skip
     accepted = [accepts(tok, g, v) for v in values]
-    assert accepted == [True, True, False, False, False, False, True, False, False]
+    assert accepted == [True, True, False, False, False]
     assert all(checker.is_valid(v) for v, ok in zip(values, accepted, strict=True) if ok)
-    assert checker.is_valid(values[3]) and checker.is_valid(values[8])  # valid, not generated
+    assert checker.is_valid(values[3])  # valid, not generated
 
 
 def test_a_refused_one_of_converts_only_the_branches_its_check_read(smollm, monkeypatch):
@@ -296,6 +309,36 @@ def test_a_refused_one_of_converts_only_the_branches_its_check_read(smollm, monk
     g = gc.compile_json_schema({"oneOf": [{"type": "integer"}, {"type": "string"}, big]})
     assert {"#/oneOf/0", "#/oneOf/1", "#/oneOf/2"} <= set(seen)
     assert accepts(_tok, g, {"k3": 1}) and accepts(_tok, g, "x") and not accepts(_tok, g, [])
+
+
+def test_one_of_field_sets_converts_only_cases_its_branches_meet(smollm, monkeypatch):
+    """Exactly one of these sets of fields (tool schemas: radius, or length and width, or
+    base and height, over shared `properties`): each branch is written with the other
+    branches' names absent, one object per case. The ways to fail another branch that no
+    value of this branch meets (a shared property's value failing its own schema, a name this
+    branch requires absent, a type it does not have) are never converted."""
+    tok, gc = smollm
+    objects = []
+    convert_object = json_schema.SchemaConverter._object
+
+    def counted(self, schema, where):
+        objects.append(where)
+        return convert_object(self, schema, where)
+
+    monkeypatch.setattr(json_schema.SchemaConverter, "_object", counted)
+    props = {n: {"type": "number", "description": f"the {n}"}
+             for n in ("radius", "length", "width", "base", "height")}  # fmt: skip
+    schema = {"type": "object", "properties": props,
+              "oneOf": [{"required": ["radius"]}, {"required": ["length", "width"]},
+                        {"required": ["base", "height"]}]}  # fmt: skip
+    g = gc.compile_json_schema(schema)
+    # branch 0: 2 x 2 cases (one name of each other pair absent); 1 and 2: 1 x 2 each
+    assert len(objects) <= 8 + 2, objects
+    checker = jsonschema.Draft202012Validator(schema)
+    values = [{"radius": 1}, {"length": 2, "width": 3}, {"base": 1, "height": 2.5},
+              {"radius": 1, "length": 2}, {"radius": 1, "length": 2, "width": 3},
+              {"length": 2}, {}, {"width": 1, "base": 1, "height": 2}]  # fmt: skip
+    assert [accepts(tok, g, v) for v in values] == [checker.is_valid(v) for v in values]
 
 
 def test_unprovable_one_of_and_not_forms_raise(smollm):
