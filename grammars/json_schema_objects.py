@@ -201,6 +201,10 @@ class ContainerConverter:
         # `weights[c]`, the last chain's 1), so that `product` below counts them down, and
         # rest[at, count, first] is at ((position * width) + count) * 2 + first.
         ends = [len(chain) for chain in chains]
+        # per chain, its first required pair: a position past one has a pair written before it
+        leads = [
+            next((i for i, link in enumerate(chain) if link[2]), len(chain)) for chain in chains
+        ]
         weights = [math.prod(end + 1 for end in ends[c + 1 :]) for c in range(len(ends))]
         width = min(cap, sum(ends)) + 1  # counts past the number of pairs are never reached
         positions = weights[0] * (ends[0] + 1) if ends else 1
@@ -212,9 +216,13 @@ class ContainerConverter:
             # required, and the position after it (none once every chain is done)
             nexts = [(*chains[c][i], position + weights[c])
                      for c, i in enumerate(at) if i < ends[c]]  # fmt: skip
+            # Only what some order of writing reaches is built: no pair written yet (`first`)
+            # until a chain's first required pair, and, where counts are kept, a separator
+            # next only after a pair.
+            opening = (1,) if all(i <= leads[c] for c, i in enumerate(at)) else ()
             for count in range(min(cap, sum(at)) + 1):
                 more, up = hi is None or count < hi, min(count + 1, cap)
-                for first in (1, 0) if count == 0 else (0,):
+                for first in (0,) if count else opening if cap else (*opening, 0):
                     here = (position * width + count) * 2 + first
                     if not nexts:
                         rest[here] = extras(first, count)
