@@ -16,6 +16,7 @@ from .gbnf import gbnf_to_lark
 from .json_schema import schema_to_ir
 from .json_schema_memo import shared_memo
 from .json_schema_resolve import parse_schema_source, schema_doc
+from .json_schema_strings import warm_formats
 from .lark_import import lark_to_bnf
 from .matcher import CompiledGrammar
 from .native_rows import dfa_rows
@@ -64,6 +65,7 @@ class GrammarCompiler(SourceKinds[CompiledGrammar]):
     ):
         self.index = get_tokenizer_index(tokenizer, vocab_size, eos_token_ids)
         warm_unicode_classes()
+        warm_formats()
         # What the first compile and mask would otherwise wait for: the C schema walks, regex
         # derivatives, rows and trie walk (built on first use) and the tokenizer's trie.
         schema_doc()

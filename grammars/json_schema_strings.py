@@ -44,6 +44,13 @@ JSON_CHAR = alt(
 )
 
 
+def warm_formats() -> None:
+    """Parse every format's regex now (kept by `parse_regex`'s cache; up to a few ms each,
+    once per process), so that no compile pays it: GrammarCompiler calls this."""
+    for regex in FORMATS.values():
+        parse_regex(regex)
+
+
 # How JSON writes each character that must be escaped (control characters, quote, backslash).
 _ESCAPES = {cp: json.dumps(chr(cp))[1:-1] for lo, hi in _SPECIAL for cp in range(lo, hi + 1)}
 
