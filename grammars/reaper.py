@@ -15,7 +15,10 @@ every few milliseconds: one slice, or slices for up to `BEHIND_HOLD_S` once half
 `MAX_WAITING` grammars wait, so that it keeps up with a benchmark compiling and walking schemas
 back to back. A grammar that something else still holds (a matcher) is only let go of, and
 freed when its last holder lets go. Past `MAX_WAITING` waiting grammars, the thread that drops
-more frees the oldest itself, so that memory stays bounded.
+more frees the smallest of them itself, so that memory stays bounded: freeing takes time in
+proportion to a grammar's size (100-160 ms for the largest walked Github_hard grammars), which
+the reaper's thread spends a slice at a time, and the compile that dropped them would
+otherwise spend at once.
 """
 
 from __future__ import annotations
@@ -113,6 +116,10 @@ def _take_apart(grammar, behind: Callable[[], bool]) -> None:
                     take()
 
 
+def _nbytes(grammar) -> int:
+    return grammar.nbytes
+
+
 class Reaper:
     """A thread (started on first use, and again after a fork) that frees dropped grammars."""
 
@@ -133,7 +140,11 @@ class Reaper:
         with self._changed:
             self._waiting.extend(grammars)
             grammars.clear()
-            late = [self._waiting.popleft() for _ in range(len(self._waiting) - MAX_WAITING)]
+            late = []
+            if len(self._waiting) > MAX_WAITING:
+                late = sorted(self._waiting, key=_nbytes)[: len(self._waiting) - MAX_WAITING]
+                freed_here = set(map(id, late))
+                self._waiting = deque(g for g in self._waiting if id(g) not in freed_here)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="radixflow-grammar-reaper", daemon=True

@@ -102,11 +102,12 @@ class _Held:
     """Stands in for a grammar: an automaton named twice, as a grammar and its walk table do,
     and containers (`parts`) that block the reaper until `release` is set."""
 
-    def __init__(self, release: threading.Event | None = None):
+    def __init__(self, release: threading.Event | None = None, nbytes: int = 0):
         self.automaton = object()
         self._walk_automaton = self.automaton
         self.release = release
         self.parts = [list(range(1000)), dict.fromkeys(range(1000))]
+        self.nbytes = nbytes
 
     def containers(self) -> list:
         if self.release is not None:
@@ -115,21 +116,30 @@ class _Held:
 
 
 def test_grammars_past_the_bound_are_freed_by_the_thread_that_drops_them(monkeypatch):
+    """Past the bound the dropping thread frees the smallest waiting grammars (the cheapest
+    to free at once); the largest stay with the reaper's thread."""
     monkeypatch.setattr(reaper_module, "MAX_WAITING", 4)
     own = Reaper()
     release = threading.Event()
-    own.drop([_Held(release)])  # keeps the reaper's thread busy
-    freed_on = []
-    late = [_Held() for _ in range(7)]
-    for held in late:
-        weakref.finalize(held, lambda: freed_on.append(threading.current_thread().name))
-    del held
+    own.drop([_Held(release, nbytes=10**9)])  # keeps the reaper's thread busy
+    freed = []
+
+    def held(nbytes: int) -> _Held:
+        out = _Held(nbytes=nbytes)
+        weakref.finalize(out, lambda: freed.append((nbytes, threading.current_thread().name)))
+        return out
+
+    first = [held(n) for n in (80, 5, 90)]
+    own.drop(first)
+    assert first == [] and freed == []  # within the bound: all wait for the reaper
+    late = [held(n) for n in (50, 10, 70, 30, 60, 20, 40)]
     own.drop(late)
     assert late == []  # the reaper took them
-    assert freed_on == [threading.current_thread().name] * 3  # 7 past a bound of 4
+    here = threading.current_thread().name
+    assert sorted(freed) == [(n, here) for n in (5, 10, 20, 30, 40, 50)]  # 10, bound 4
     release.set()
     own.wait()
-    assert freed_on[3:] == ["radixflow-grammar-reaper"] * 4
+    assert sorted(freed[6:]) == [(n, "radixflow-grammar-reaper") for n in (60, 70, 80, 90)]
 
 
 def _slices_per_hold(monkeypatch, behind: bool) -> int:
