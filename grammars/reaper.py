@@ -29,6 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from operator import attrgetter
 
 from .native_rows import dfa_rows
 
@@ -116,10 +117,6 @@ def _take_apart(grammar, behind: Callable[[], bool]) -> None:
                     take()
 
 
-def _nbytes(grammar) -> int:
-    return grammar.nbytes
-
-
 class Reaper:
     """A thread (started on first use, and again after a fork) that frees dropped grammars."""
 
@@ -140,9 +137,9 @@ class Reaper:
         with self._changed:
             self._waiting.extend(grammars)
             grammars.clear()
-            late = []
-            if len(self._waiting) > MAX_WAITING:
-                late = sorted(self._waiting, key=_nbytes)[: len(self._waiting) - MAX_WAITING]
+            late, excess = [], len(self._waiting) - MAX_WAITING
+            if excess > 0:
+                late = sorted(self._waiting, key=attrgetter("nbytes"))[:excess]
                 freed_here = set(map(id, late))
                 self._waiting = deque(g for g in self._waiting if id(g) not in freed_here)
             if self._thread is None or not self._thread.is_alive():
